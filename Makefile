@@ -1,0 +1,55 @@
+# Two commands matter: `make book` and `make test`. Each creates .venv and installs the pinned
+# environment on first use (and again only when pyproject.toml or constraints.txt change).
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+SMOKE_BUILD := _build/smoke
+LIB_SOURCES := $(shell find lib -name '*.py' 2>/dev/null)
+
+.PHONY: help install book test lint unit notebooks book-smoke browser clean
+
+help:
+	@echo "make book   execute every chapter (this machine's profile) and build _build/html"
+	@echo "make test   lint, unit tests, chapters under nbmake (smoke), book build, browser check"
+	@echo "make clean  remove build outputs (keeps .venv)"
+
+$(STAMP): pyproject.toml constraints.txt
+	@$(PYTHON) -c 'import sys; v = sys.version_info; assert v >= (3, 10), f"Python >= 3.10 is needed, found {v.major}.{v.minor}"'
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --constraint constraints.txt --editable ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+# The execution cache keys on cell text only: drop it when the library changed.
+_build/.lib-stamp: $(LIB_SOURCES)
+	rm -rf _build/.jupyter_cache _build/jupyter_execute
+	mkdir -p _build && touch $@
+
+book: $(STAMP) _build/.lib-stamp
+	$(VENV)/bin/jupyter-book build . -W -n --keep-going
+	@echo "Book: file://$(CURDIR)/_build/html/index.html"
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check lib tests notebooks conftest.py
+
+unit: $(STAMP)
+	MLSYS_PROFILE=smoke $(PY) -m pytest -m "not browser" -q
+
+notebooks: $(STAMP)
+	MLSYS_PROFILE=smoke OMP_NUM_THREADS=1 $(PY) -m pytest --nbmake --nbmake-timeout=300 -n 2 -q notebooks
+
+# A fresh smoke-profile build of the book, separate from `make book`'s cached one.
+book-smoke: $(STAMP)
+	rm -rf $(SMOKE_BUILD)
+	MLSYS_PROFILE=smoke $(VENV)/bin/jupyter-book build . -W -n --keep-going --path-output $(SMOKE_BUILD)
+
+browser: $(STAMP)
+	MLSYS_BOOK_HTML=$(SMOKE_BUILD)/_build/html $(PY) -m pytest -m browser -q tests/test_browser.py
+
+test: lint unit notebooks book-smoke browser
+
+clean:
+	rm -rf _build notebooks/*.ipynb .pytest_cache

@@ -1,0 +1,132 @@
+"""Where am I running, and how big should the experiments be?
+
+`profile()` decides the sizes every chapter uses:
+
+| profile | chosen when                                 | sizes                          |
+|---------|---------------------------------------------|--------------------------------|
+| smoke   | `MLSYS_PROFILE=smoke` (CI, `make test`)     | tiny, seconds per chapter      |
+| cpu     | no GPU (laptop, CI machine without smoke)   | small but meaningful, minutes  |
+| gpu     | a CUDA device is present                    | the real sizes                 |
+
+`MLSYS_PROFILE` always wins; otherwise the hardware decides (never the `CI` variable).
+
+Triton's interpreter (`TRITON_INTERPRET=1`) must be switched on *before* Triton is imported, so
+kernel modules call `setup_triton()` first; it does so when no GPU is present. Nothing here
+runs at import time. Used in: every chapter (the first cell prints `describe()`).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.util
+import os
+import platform
+import sys
+from typing import TypeVar
+
+PROFILES = ("smoke", "cpu", "gpu")
+PROFILE_VARIABLE = "MLSYS_PROFILE"
+
+T = TypeVar("T")
+
+
+def device() -> str:
+    """The best available torch device type: "cuda", "mps" or "cpu"."""
+    import torch
+
+    if torch.cuda.is_available():
+        return "cuda"
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        return "mps"
+    return "cpu"
+
+
+def profile() -> str:
+    """The execution profile: `MLSYS_PROFILE` if set, else "gpu" with CUDA and "cpu" without."""
+    requested = os.environ.get(PROFILE_VARIABLE, "").strip().lower()
+    if requested:
+        if requested not in PROFILES:
+            raise ValueError(
+                f"{PROFILE_VARIABLE}={requested!r} is not a known profile; choose one of {', '.join(PROFILES)}"
+            )
+        return requested
+    return "gpu" if device() == "cuda" else "cpu"
+
+
+def pick(*, smoke: T, cpu: T, gpu: T, profile_name: str | None = None) -> T:
+    """Choose a value by profile: `pick(smoke=64, cpu=512, gpu=4096)`.
+
+    `profile_name` overrides the detected profile (useful in tests).
+    """
+    name = profile() if profile_name is None else profile_name
+    if name not in PROFILES:
+        raise ValueError(f"profile_name={name!r} is not a known profile; choose one of {', '.join(PROFILES)}")
+    return {"smoke": smoke, "cpu": cpu, "gpu": gpu}[name]
+
+
+def has_triton() -> bool:
+    """Is the `triton` package installed? (It is Linux-only; macOS and Windows readers lack it.)"""
+    return importlib.util.find_spec("triton") is not None
+
+
+def triton_interpreted() -> bool:
+    """Will Triton kernels run in the CPU interpreter (`TRITON_INTERPRET=1`)?"""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def setup_triton() -> bool:
+    """Prepare Triton before it is imported; returns whether Triton can be used at all.
+
+    With no CUDA device, kernels can only run in Triton's interpreter, which must be switched on
+    before `triton` is first imported. Raises `RuntimeError` if Triton was already imported without
+    it (restart the kernel), rather than failing later at launch with "0 active drivers".
+    """
+    if not has_triton():
+        return False
+    if device() != "cuda" and not triton_interpreted():
+        if "triton" in sys.modules:
+            raise RuntimeError(
+                "triton was imported before mlsys.env.setup_triton() could set TRITON_INTERPRET=1 "
+                "(needed without a GPU); restart the Python process and import mlsys kernels first"
+            )
+        os.environ["TRITON_INTERPRET"] = "1"
+    return True
+
+
+def versions() -> dict[str, str]:
+    """Versions of Python, torch, Triton and (on GPU) CUDA, as strings ("absent" when missing)."""
+    import torch
+
+    out = {"python": platform.python_version(), "torch": torch.__version__}
+    if has_triton():
+        from importlib.metadata import version
+
+        out["triton"] = version("triton")
+    else:
+        out["triton"] = "absent"
+    out["cuda"] = torch.version.cuda or "none"
+    return out
+
+
+def device_name() -> str:
+    """Human name of the device experiments run on, e.g. "NVIDIA H100 80GB HBM3" or "CPU (x86_64, 2 cores)"."""
+    import torch
+
+    kind = device()
+    if kind == "cuda":
+        return torch.cuda.get_device_name()
+    if kind == "mps":
+        return f"Apple MPS ({platform.machine()})"
+    return f"CPU ({platform.machine()}, {os.cpu_count()} cores)"
+
+
+def describe() -> str:
+    """One-line stamp printed at the top of each chapter: device, profile, versions, date."""
+    v = versions()
+    triton = v["triton"] + (" interpreter" if triton_interpreted() else "")
+    today = _dt.date.today().isoformat()
+    return (
+        f"device: {device_name()} | profile: {profile()} | torch {v['torch']} | triton {triton} | "
+        f"python {v['python']} | {today}"
+    )

@@ -1,0 +1,227 @@
+"""Accelerator specifications: the only place in the project where peak numbers live.
+
+Every figure carries its source. Peak FLOP/s are **dense** (no 2:4 structured sparsity): NVIDIA's
+spec sheets headline the sparse figure, which is exactly twice the dense one (the H100 SXM's
+"1979 TFLOP/s bf16" is sparse; dense is 989.4). A dtype missing from `dense_flop_per_s` is not
+supported by the device's matrix units.
+
+Units: FLOP/s, bytes, bytes/s. "GB" on a spec sheet is taken as 1e9 bytes, as the Scaling Book and
+CS336 do; that is conservative (an "80 GB" H100 has 80 GiB = 85.9e9 B physically, and
+`torch.cuda.mem_get_info` reports about 79 GiB usable). Link bandwidths are stored per direction;
+NVIDIA quotes NVLink and PCIe as the sum of both directions.
+
+Sources:
+- A100: NVIDIA A100 Tensor Core GPU datasheet, https://www.nvidia.com/en-us/data-center/a100/
+  and the A100 architecture whitepaper (L2, SMs, shared memory).
+- H100/H200: NVIDIA H100 datasheet https://www.nvidia.com/en-us/data-center/h100/ , H200 product
+  page https://www.nvidia.com/en-us/data-center/h200/ , Hopper architecture whitepaper.
+- B200: NVIDIA HGX B200 / DGX B200 datasheets (per-GPU = 8-GPU figure / 8),
+  https://www.nvidia.com/en-us/data-center/hgx/ .
+- TPU v5p: Google Cloud TPU v5p page https://cloud.google.com/tpu/docs/v5p and the table in
+  "How to Scale Your Model", part 2 (https://jax-ml.github.io/scaling-book/tpus/).
+Used in: every chapter that compares a measurement with a peak; book page "Hardware reference".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+TERA = 1e12
+GIGA = 1e9
+MIB = 2**20
+KIB = 2**10
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """Peak capabilities of one accelerator chip (one GPU, one TPU chip)."""
+
+    name: str
+    vendor: str
+    dense_flop_per_s: dict[str, float]
+    """Dense peak FLOP/s of the matrix units per input dtype ("fp64", "fp32", "tf32", "bf16",
+    "fp16", "fp8"); fp32 is the non-tensor-core (CUDA-core) rate on GPUs."""
+    hbm_bytes: float
+    hbm_bytes_per_s: float
+    l2_bytes: float | None
+    """Last-level on-chip cache (GPU L2). None where the chip has no comparable cache."""
+    smem_per_sm_bytes: float | None
+    """Shared memory (configurable L1/shared) per SM. None for TPUs."""
+    sm_count: int | None
+    """Streaming multiprocessors (GPU) or TensorCores (TPU)."""
+    interconnect_bytes_per_s: float
+    """Chip-to-chip bandwidth per direction: NVLink (all links) on GPUs, ICI per link on TPUs."""
+    interconnect_name: str
+    pcie_bytes_per_s: float
+    """Host link bandwidth per direction."""
+    notes: str = ""
+    sources: tuple[str, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        for dtype, rate in self.dense_flop_per_s.items():
+            if rate <= 0:
+                raise ValueError(f"{self.name}: dense_flop_per_s[{dtype!r}] must be positive, got {rate}")
+        for attr in ("hbm_bytes", "hbm_bytes_per_s", "interconnect_bytes_per_s", "pcie_bytes_per_s"):
+            if getattr(self, attr) <= 0:
+                raise ValueError(f"{self.name}: {attr} must be positive, got {getattr(self, attr)}")
+
+    def peak_flop_per_s(self, dtype: str) -> float:
+        """Dense peak FLOP/s for `dtype`; ValueError if the device has no matrix rate for it."""
+        if dtype not in self.dense_flop_per_s:
+            known = ", ".join(self.dense_flop_per_s)
+            raise ValueError(f"{self.name} has no dense peak for dtype={dtype!r}; known: {known}")
+        return self.dense_flop_per_s[dtype]
+
+    def sparse_flop_per_s(self, dtype: str) -> float:
+        """The 2:4-sparsity figure the spec sheet headlines: twice the dense peak (GPUs only)."""
+        if self.vendor != "NVIDIA":
+            raise ValueError(f"{self.name}: 2:4 structured sparsity is an NVIDIA tensor-core feature")
+        return 2 * self.peak_flop_per_s(dtype)
+
+    def ridge_intensity(self, dtype: str) -> float:
+        """FLOP per byte of HBM traffic above which a kernel can be compute-bound: peak / bandwidth."""
+        return self.peak_flop_per_s(dtype) / self.hbm_bytes_per_s
+
+
+A100_80GB_SXM = Accelerator(
+    name="A100 80GB SXM",
+    vendor="NVIDIA",
+    dense_flop_per_s={
+        "fp64": 19.5 * TERA,  # FP64 tensor core (9.7 TFLOP/s without)
+        "fp32": 19.5 * TERA,
+        "tf32": 156 * TERA,  # 312 with sparsity
+        "bf16": 312 * TERA,  # 624 with sparsity
+        "fp16": 312 * TERA,
+    },
+    hbm_bytes=80 * GIGA,
+    hbm_bytes_per_s=2039 * GIGA,  # HBM2e, "2,039 GB/s"
+    l2_bytes=40 * MIB,
+    smem_per_sm_bytes=164 * KIB,
+    sm_count=108,
+    interconnect_bytes_per_s=300 * GIGA,  # NVLink 3: 600 GB/s both directions
+    interconnect_name="NVLink 3",
+    pcie_bytes_per_s=32 * GIGA,  # PCIe Gen4 x16: 64 GB/s both directions
+    notes="No fp8 support in the tensor cores.",
+    sources=("https://www.nvidia.com/en-us/data-center/a100/",),
+)
+
+H100_SXM = Accelerator(
+    name="H100 SXM",
+    vendor="NVIDIA",
+    dense_flop_per_s={
+        "fp64": 67 * TERA,  # FP64 tensor core (34 without)
+        "fp32": 67 * TERA,
+        "tf32": 494.7 * TERA,  # spec sheet "989 TFLOPS" is with sparsity
+        "bf16": 989.4 * TERA,  # spec sheet "1,979 TFLOPS" is with sparsity
+        "fp16": 989.4 * TERA,
+        "fp8": 1978.9 * TERA,  # spec sheet "3,958 TFLOPS" is with sparsity
+    },
+    hbm_bytes=80 * GIGA,
+    hbm_bytes_per_s=3.35 * TERA,  # HBM3
+    l2_bytes=50 * MIB,
+    smem_per_sm_bytes=228 * KIB,
+    sm_count=132,
+    interconnect_bytes_per_s=450 * GIGA,  # NVLink 4: 900 GB/s both directions
+    interconnect_name="NVLink 4",
+    pcie_bytes_per_s=64 * GIGA,  # PCIe Gen5 x16: 128 GB/s both directions
+    sources=("https://www.nvidia.com/en-us/data-center/h100/",),
+)
+
+H200_SXM = Accelerator(
+    name="H200 SXM",
+    vendor="NVIDIA",
+    dense_flop_per_s=dict(H100_SXM.dense_flop_per_s),  # same GH100 compute as the H100 SXM
+    hbm_bytes=141 * GIGA,  # HBM3e
+    hbm_bytes_per_s=4.8 * TERA,
+    l2_bytes=50 * MIB,
+    smem_per_sm_bytes=228 * KIB,
+    sm_count=132,
+    interconnect_bytes_per_s=450 * GIGA,  # NVLink 4: 900 GB/s both directions
+    interconnect_name="NVLink 4",
+    pcie_bytes_per_s=64 * GIGA,
+    notes="Same chip as the H100 SXM with more and faster memory.",
+    sources=("https://www.nvidia.com/en-us/data-center/h200/",),
+)
+
+B200 = Accelerator(
+    name="B200 (HGX)",
+    vendor="NVIDIA",
+    dense_flop_per_s={
+        "fp64": 37 * TERA,
+        "fp32": 75 * TERA,
+        "tf32": 1.1e3 * TERA,  # 2.2 PFLOP/s with sparsity
+        "bf16": 2.25e3 * TERA,  # 4.5 PFLOP/s with sparsity
+        "fp16": 2.25e3 * TERA,
+        "fp8": 4.5e3 * TERA,  # 9 PFLOP/s with sparsity
+    },
+    hbm_bytes=180 * GIGA,  # HBM3e, 1,440 GB per 8-GPU board
+    hbm_bytes_per_s=7.7 * TERA,  # 62 TB/s per 8-GPU board
+    l2_bytes=126 * MIB,
+    smem_per_sm_bytes=228 * KIB,
+    sm_count=148,
+    interconnect_bytes_per_s=900 * GIGA,  # NVLink 5: 1.8 TB/s both directions
+    interconnect_name="NVLink 5",
+    pcie_bytes_per_s=64 * GIGA,  # PCIe Gen5 x16 to the host
+    notes="Per-GPU figures derived from the 8-GPU HGX B200 datasheet; also fp4 at 9 PFLOP/s dense.",
+    sources=("https://www.nvidia.com/en-us/data-center/hgx/",),
+)
+
+TPU_V5P = Accelerator(
+    name="TPU v5p",
+    vendor="Google",
+    dense_flop_per_s={"bf16": 459 * TERA},  # int8: 918 TOP/s
+    hbm_bytes=95 * GIGA,
+    hbm_bytes_per_s=2765 * GIGA,
+    l2_bytes=None,
+    smem_per_sm_bytes=None,
+    sm_count=2,  # two TensorCores per chip, used as one "megacore"
+    interconnect_bytes_per_s=90 * GIGA,  # ICI, per link and direction (6 links, 3-D torus)
+    interconnect_name="ICI",
+    pcie_bytes_per_s=15 * GIGA,  # Scaling Book's approximate host link figure
+    notes="Matrix units take bf16 (and int8); fp32 matmuls are emulated with several bf16 passes.",
+    sources=("https://cloud.google.com/tpu/docs/v5p", "https://jax-ml.github.io/scaling-book/tpus/"),
+)
+
+ACCELERATORS: dict[str, Accelerator] = {
+    "a100": A100_80GB_SXM,
+    "h100": H100_SXM,
+    "h200": H200_SXM,
+    "b200": B200,
+    "tpu-v5p": TPU_V5P,
+}
+
+# Substrings of torch.cuda.get_device_name() -> registry key. Order matters: "H100 PCIe" and
+# "A100-PCIE-40GB" have lower peaks than the SXM parts, so they are not matched to them.
+_DEVICE_NAME_KEYS = (
+    ("H200", "h200"),
+    ("H100 80GB HBM3", "h100"),
+    ("H100 SXM", "h100"),
+    ("A100-SXM4-80GB", "a100"),
+    ("A100 80GB", "a100"),
+    ("B200", "b200"),
+)
+
+
+def get(name: str) -> Accelerator:
+    """Look up an accelerator by registry key ("a100", "h100", "h200", "b200", "tpu-v5p")."""
+    key = name.strip().lower()
+    if key not in ACCELERATORS:
+        raise ValueError(f"unknown accelerator name={name!r}; known: {', '.join(ACCELERATORS)}")
+    return ACCELERATORS[key]
+
+
+def match_device_name(device_name: str) -> Accelerator | None:
+    """Map a CUDA device name to its spec, or None for a device this table does not know."""
+    for fragment, key in _DEVICE_NAME_KEYS:
+        if fragment.lower() in device_name.lower():
+            return ACCELERATORS[key]
+    return None
+
+
+def detect() -> Accelerator | None:
+    """The spec of the running CUDA device, or None (CPU, MPS, or a GPU not in the table)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return match_device_name(torch.cuda.get_device_name())

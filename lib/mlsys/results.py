@@ -1,0 +1,73 @@
+"""Recorded measurements under `results/<device-slug>/<experiment>.json` (schema in results/README.md).
+
+Only benchmark entry points call `write_record`, on real hardware; chapters call `load_records` to
+plot a recorded GPU run beside the reader's own measurement. Used in: measuring chapters.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+RESULTS_DIR = Path(__file__).resolve().parents[2] / "results"
+REQUIRED_PROVENANCE = (
+    "device",
+    "device_type",
+    "torch_version",
+    "triton_version",
+    "cuda_version",
+    "date",
+    "git_commit",
+    "command",
+)
+
+
+def device_slug(device_name: str) -> str:
+    """File-system name for a device: "NVIDIA H100 80GB HBM3" -> "nvidia-h100-80gb-hbm3"."""
+    slug = re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-")
+    if not slug:
+        raise ValueError(f"device_name={device_name!r} has no letters or digits")
+    return slug
+
+
+def validate_record(record: dict[str, Any], *, experiment: str | None = None) -> None:
+    """Raise ValueError naming the first rule the record breaks (see results/README.md)."""
+    if not isinstance(record, dict):
+        raise ValueError(f"a record must be a JSON object, got {type(record).__name__}")
+    for key in ("experiment", "provenance", "results"):
+        if key not in record:
+            raise ValueError(f"record lacks the key {key!r}")
+    if experiment is not None and record["experiment"] != experiment:
+        raise ValueError(f"record says experiment={record['experiment']!r} but its file is {experiment!r}")
+    provenance = record["provenance"]
+    missing = [k for k in REQUIRED_PROVENANCE if not provenance.get(k)]
+    if missing:
+        raise ValueError(f"provenance lacks {', '.join(missing)}")
+    if not isinstance(record["results"], list) or not record["results"]:
+        raise ValueError("results must be a non-empty list of measurement records")
+    if not all(isinstance(r, dict) for r in record["results"]):
+        raise ValueError("every entry of results must be an object")
+
+
+def write_record(experiment: str, results: list[dict[str, Any]], provenance: dict[str, Any]) -> Path:
+    """Write `results/<device-slug>/<experiment>.json`; for benchmark entry points on real hardware."""
+    if not re.fullmatch(r"[a-z0-9_]+", experiment):
+        raise ValueError(f"experiment={experiment!r} must be lower-case letters, digits and underscores")
+    record = {"experiment": experiment, "provenance": provenance, "results": results}
+    validate_record(record)
+    path = RESULTS_DIR / device_slug(provenance["device"]) / f"{experiment}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    return path
+
+
+def load_records(experiment: str) -> list[dict[str, Any]]:
+    """Every recorded run of `experiment`, one per device folder, validated; [] if none."""
+    records = []
+    for path in sorted(RESULTS_DIR.glob(f"*/{experiment}.json")):
+        record = json.loads(path.read_text())
+        validate_record(record, experiment=experiment)
+        records.append(record)
+    return records

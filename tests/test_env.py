@@ -1,0 +1,65 @@
+import pytest
+
+from mlsys import env
+
+
+def test_profile_from_variable(monkeypatch):
+    for name in env.PROFILES:
+        monkeypatch.setenv("MLSYS_PROFILE", name)
+        assert env.profile() == name
+
+
+def test_profile_from_hardware_when_unset(monkeypatch):
+    monkeypatch.delenv("MLSYS_PROFILE", raising=False)
+    monkeypatch.setenv("CI", "true")  # CI must not change the profile
+    assert env.profile() == ("gpu" if env.device() == "cuda" else "cpu")
+
+
+def test_unknown_profile_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("MLSYS_PROFILE", "huge")
+    with pytest.raises(ValueError, match="'huge'.*smoke, cpu, gpu"):
+        env.profile()
+
+
+def test_pick_follows_profile(monkeypatch):
+    monkeypatch.setenv("MLSYS_PROFILE", "smoke")
+    assert env.pick(smoke=1, cpu=2, gpu=3) == 1
+    monkeypatch.setenv("MLSYS_PROFILE", "cpu")
+    assert env.pick(smoke=1, cpu=2, gpu=3) == 2
+    assert env.pick(smoke=1, cpu=2, gpu=3, profile_name="gpu") == 3
+    with pytest.raises(ValueError, match="profile_name='tpu'"):
+        env.pick(smoke=1, cpu=2, gpu=3, profile_name="tpu")
+
+
+def test_pick_needs_every_profile():
+    with pytest.raises(TypeError):
+        env.pick(smoke=1, cpu=2)  # type: ignore[call-arg]
+
+
+def test_describe_is_one_line_with_device_profile_and_versions(monkeypatch):
+    monkeypatch.setenv("MLSYS_PROFILE", "smoke")
+    stamp = env.describe()
+    assert "\n" not in stamp
+    import torch
+
+    assert "profile: smoke" in stamp and f"torch {torch.__version__}" in stamp
+    assert env.device_name() in stamp
+
+
+def test_device_is_known():
+    assert env.device() in ("cuda", "mps", "cpu")
+
+
+@pytest.mark.skipif(not env.has_triton(), reason="triton is not installed (it is Linux-only)")
+def test_setup_triton_switches_on_the_interpreter_without_gpu(monkeypatch):
+    import sys
+
+    if env.device() == "cuda":
+        pytest.skip("a GPU is present: Triton compiles for it")
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    if "triton" in sys.modules:
+        with pytest.raises(RuntimeError, match="restart"):
+            env.setup_triton()
+    else:
+        assert env.setup_triton() is True
+        assert env.triton_interpreted()
