@@ -22,7 +22,8 @@ def test_every_toc_entry_exists_and_every_chapter_is_listed():
     files = _toc_files()
     for entry in files:
         assert any((ROOT / f"{entry}{ext}").exists() for ext in (".md", ".py", ".ipynb")), entry
-    chapters = sorted(p.with_suffix("").relative_to(ROOT).as_posix() for p in (ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
+    sources = (ROOT / "notebooks").glob("[0-9][0-9]_*.py")
+    chapters = sorted(p.with_suffix("").relative_to(ROOT).as_posix() for p in sources)
     assert chapters, "no chapters found"
     assert set(chapters) <= set(files), set(chapters) - set(files)
 
