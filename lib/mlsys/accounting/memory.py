@@ -1,0 +1,146 @@
+"""Bytes of tensors and of training "model states" (weights, gradients, master copy, optimizer moments).
+
+Model states grow with the parameter count N alone: a training recipe fixes how many bytes each
+parameter costs, `bytes_per_param`, and the states take N * bytes_per_param. Mixed-precision AdamW
+costs 2 + 2 + 12 = 16 bytes per parameter (bf16/fp16 weights and gradients, plus fp32 master weights
+and two fp32 Adam moments): the "16 N" of the ZeRO paper (Rajbhandari et al., 2020, section 3.1).
+Activations, temporary buffers, allocator fragmentation and the CUDA context come on top and are
+not counted here.
+
+Used in: §sec-transformer-accounting (chapter 02), the mixed-precision and ZeRO/FSDP chapters.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from mlsys.accounting.dtypes import bytes_per_element
+
+
+@dataclass(frozen=True)
+class TrainingRecipe:
+    """Bytes each parameter costs in model states under one precision/optimizer recipe."""
+
+    name: str
+    description: str
+    weight_bytes: int  # the weights the forward and backward read
+    grad_bytes: int  # one gradient per parameter
+    master_bytes: int  # fp32 master copy the optimizer updates (0 when weights are already it)
+    optimizer_bytes: int  # optimizer state, e.g. Adam's two moments
+
+    def __post_init__(self) -> None:
+        for part in ("weight_bytes", "grad_bytes", "master_bytes", "optimizer_bytes"):
+            value = getattr(self, part)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{self.name}: {part} must be a non-negative integer, got {value!r}")
+
+    @property
+    def bytes_per_param(self) -> int:
+        """Model-state bytes per parameter: weights + gradients + master copy + optimizer state."""
+        return self.weight_bytes + self.grad_bytes + self.master_bytes + self.optimizer_bytes
+
+    def breakdown(self) -> dict[str, int]:
+        """Bytes per parameter by kind of state; the values sum to `bytes_per_param`."""
+        return {
+            "weights": self.weight_bytes,
+            "grads": self.grad_bytes,
+            "master": self.master_bytes,
+            "optimizer": self.optimizer_bytes,
+        }
+
+
+def _recipes(*recipes: TrainingRecipe) -> dict[str, TrainingRecipe]:
+    return {r.name: r for r in recipes}
+
+
+RECIPES: dict[str, TrainingRecipe] = _recipes(
+    TrainingRecipe("fp32_adamw", "fp32 weights and grads; AdamW moments m, v in fp32 (4 + 4 + 8)", 4, 4, 0, 8),
+    TrainingRecipe(
+        "bf16_mixed_adamw",
+        "bf16 weights and grads; fp32 master weights and AdamW moments (2 + 2 + 4 + 8, ZeRO's 2 + 2 + 12)",
+        2, 2, 4, 8,
+    ),
+    TrainingRecipe(
+        "bf16_mixed_adamw_fp32_grads",
+        "bf16 weights; gradients accumulated in fp32; fp32 master weights and moments (2 + 4 + 4 + 8)",
+        2, 4, 4, 8,
+    ),
+    TrainingRecipe(
+        "bf16_pure_adamw", "bf16 weights, grads and AdamW moments; no master copy (2 + 2 + 4)", 2, 2, 0, 4
+    ),
+    TrainingRecipe("fp32_sgd_momentum", "fp32 weights, grads and one momentum buffer (4 + 4 + 4)", 4, 4, 0, 4),
+)  # fmt: skip
+"""Named training recipes: name -> TrainingRecipe."""
+
+
+def recipe(name: str | TrainingRecipe) -> TrainingRecipe:
+    """The recipe called `name` (a TrainingRecipe is returned as is); unknown names raise ValueError."""
+    return _resolve(name)
+
+
+def _resolve(name: str | TrainingRecipe) -> TrainingRecipe:
+    if isinstance(name, TrainingRecipe):
+        return name
+    if name not in RECIPES:
+        raise ValueError(f"unknown training recipe {name!r}; known: {', '.join(RECIPES)}")
+    return RECIPES[name]
+
+
+def _count(value: object, name: str, minimum: int) -> int:
+    """`value` as an int >= minimum (Python or NumPy integers; bools and floats are refused)."""
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an integer, got {value!r}")
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})") from None
+    if number < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {number}")
+    return number
+
+
+def tensor_bytes(shape: Sequence[int], dtype: object) -> int:
+    """Storage bytes of a dense tensor: prod(shape) * bytes_per_element(dtype).
+
+    `tensor_bytes((1024, 1024), "bf16") == 2 * 2**20`. Shape entries must be non-negative integers.
+    """
+    if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence):
+        raise TypeError(f"shape must be a sequence of integers such as (1024, 1024), got {shape!r}")
+    dims = [_count(dim, f"shape[{i}]", 0) for i, dim in enumerate(shape)]
+    return math.prod(dims) * bytes_per_element(dtype)
+
+
+def model_state_breakdown(n_params: int, recipe: str | TrainingRecipe) -> dict[str, int]:
+    """Bytes of weights, grads, master copy and optimizer state for `n_params` parameters."""
+    n = _count(n_params, "n_params", 0)
+    return {kind: n * b for kind, b in _resolve(recipe).breakdown().items()}
+
+
+def model_state_bytes(n_params: int, recipe: str | TrainingRecipe) -> int:
+    """Model-state bytes for `n_params` parameters: n_params * bytes_per_param (16 N for mixed AdamW)."""
+    return _count(n_params, "n_params", 0) * _resolve(recipe).bytes_per_param
+
+
+def max_trainable_params(n_devices: int, device_memory_bytes: float, recipe: str | TrainingRecipe) -> int:
+    """Largest parameter count whose model states fit: floor(n_devices * device_memory_bytes / bytes_per_param).
+
+    An upper bound from model states only: activations, temporary buffers, allocator fragmentation
+    and the CUDA context are excluded, so the real limit is lower. It assumes the states are
+    perfectly sharded across the devices (ZeRO stage 3 / FSDP), each device holding 1/n_devices of
+    them; with plain data parallelism every device holds all of them (use n_devices=1).
+    Example: 8 GPUs of 80 GB with "fp32_adamw" (16 B/param) fit at most 40e9 parameters.
+    """
+    n = _count(n_devices, "n_devices", 1)
+    if isinstance(device_memory_bytes, bool) or not isinstance(device_memory_bytes, (int, float)):
+        raise TypeError(f"device_memory_bytes must be a number of bytes, got {device_memory_bytes!r}")
+    if not (math.isfinite(device_memory_bytes) and device_memory_bytes > 0):
+        raise ValueError(f"device_memory_bytes must be positive and finite, got {device_memory_bytes!r}")
+    per_param = _resolve(recipe).bytes_per_param
+    if per_param == 0:
+        raise ValueError(f"recipe {_resolve(recipe).name!r} has 0 bytes per parameter; no limit to compute")
+    if float(device_memory_bytes).is_integer():  # exact integer arithmetic for whole byte counts
+        return n * int(device_memory_bytes) // per_param
+    return math.floor(n * device_memory_bytes / per_param)

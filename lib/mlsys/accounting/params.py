@@ -1,0 +1,94 @@
+"""Parameter count of the book's transformer (`mlsys.models.transformer`), component by component.
+
+With V = vocab_size, d = d_model, f = d_ff, L = n_layers (no biases anywhere, untied head):
+
+    embedding          V d
+    per layer          4 d^2  (attention: q, k, v, o projections, each d x d; RoPE has no parameters)
+                     + 3 d f  (SwiGLU feed-forward: w1, w3 are d x f, w2 is f x d)
+                     + 2 d    (two RMSNorm gains)
+    final norm         d
+    lm_head            V d    (untied from the embedding)
+
+The same formula is checked against `sum(p.numel())` of the real module in the tests, so the napkin
+math and the model cannot drift apart. Pure Python: the config is duck-typed (anything with
+`vocab_size`, `d_model`, `n_layers`, `d_ff` attributes), nothing is imported from `mlsys.models`.
+
+Used in: §sec-transformer-accounting (chapter 02), and the FLOP and memory chapters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    """Parameters per component of the transformer; see `param_counts`."""
+
+    embedding: int  # token embedding, vocab_size x d_model
+    attention_per_layer: int  # q, k, v, o projections of one block
+    ffn_per_layer: int  # w1, w2, w3 of one block's SwiGLU
+    norms_per_layer: int  # the two RMSNorm gains of one block
+    final_norm: int  # the RMSNorm after the last block
+    lm_head: int  # output projection, d_model x vocab_size
+    n_layers: int
+
+    @property
+    def per_layer(self) -> int:
+        """Parameters of one transformer block."""
+        return self.attention_per_layer + self.ffn_per_layer + self.norms_per_layer
+
+    @property
+    def total(self) -> int:
+        """Every parameter of the model (what `sum(p.numel() for p in model.parameters())` returns)."""
+        return self.embedding + self.n_layers * self.per_layer + self.final_norm + self.lm_head
+
+    @property
+    def non_embedding(self) -> int:
+        """Parameters outside the two vocabulary-sized matrices: total - embedding - lm_head.
+
+        Convention: like Kaplan et al. (2020), the vocabulary matrices are left out, so the count
+        depends only on the blocks (and the final norm). Kaplan's models tie the head to the embedding;
+        ours is untied, and we leave out both. Note that the head, unlike the embedding lookup, still
+        costs FLOPs: for 6N-style FLOP estimates use `total - embedding`.
+        """
+        return self.total - self.embedding - self.lm_head
+
+    def as_dict(self) -> dict[str, int]:
+        """Whole-model totals per component, in model order; the values sum to `total`."""
+        return {
+            "embedding": self.embedding,
+            "attention": self.n_layers * self.attention_per_layer,
+            "ffn": self.n_layers * self.ffn_per_layer,
+            "norms": self.n_layers * self.norms_per_layer + self.final_norm,
+            "lm_head": self.lm_head,
+        }
+
+
+def _size(cfg: Any, name: str) -> int:
+    if not hasattr(cfg, name):
+        raise TypeError(f"cfg needs a {name!r} attribute (e.g. a TransformerConfig), got {type(cfg).__name__}")
+    value = getattr(cfg, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"cfg.{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def param_counts(cfg: Any) -> ParamCounts:
+    """Parameter counts per component for `cfg` (needs vocab_size, d_model, n_layers, d_ff)."""
+    vocab, d, f, n_layers = (_size(cfg, n) for n in ("vocab_size", "d_model", "d_ff", "n_layers"))
+    return ParamCounts(
+        embedding=vocab * d,
+        attention_per_layer=4 * d * d,
+        ffn_per_layer=3 * d * f,
+        norms_per_layer=2 * d,
+        final_norm=d,
+        lm_head=d * vocab,
+        n_layers=n_layers,
+    )
+
+
+def count_params(cfg: Any) -> int:
+    """Total parameters of the transformer described by `cfg` (e.g. 128,625,408 for "small")."""
+    return param_counts(cfg).total

@@ -1,0 +1,95 @@
+"""Configuration of the book's decoder-only language model, and its named presets.
+
+Pure Python (no torch import): the accounting functions take a `TransformerConfig` to count parameters,
+FLOPs and bytes for a model that is never built. The presets follow the model-size table of Stanford
+CS336 (2025), assignment 2, whose sizes are those of GPT-2 small ... XL plus a 2.7B model, with a
+10,000-token vocabulary and a context of 1,024 tokens. The default (`debug`) runs on a CPU in
+milliseconds.
+
+Used in: §sec-transformer-accounting (chapter 02) and every chapter that builds or costs a model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+ATTENTION_BACKENDS: tuple[str, ...] = ("naive", "sdpa")
+"""Attention implementations `mlsys.models.transformer` knows; chosen explicitly, never swapped quietly."""
+
+_SIZE_FIELDS = ("vocab_size", "context_length", "d_model", "n_layers", "n_heads", "d_ff")
+
+
+@dataclass(frozen=True)
+class TransformerConfig:
+    """Sizes of a pre-norm decoder LM (RMSNorm, RoPE, SwiGLU, untied head). Defaults = `debug` preset."""
+
+    vocab_size: int = 1_000  # tokens in the vocabulary (rows of the embedding, columns of the head)
+    context_length: int = 128  # longest sequence the model accepts; RoPE tables are built this long
+    d_model: int = 64  # width of the residual stream
+    n_layers: int = 2  # number of transformer blocks
+    n_heads: int = 4  # attention heads; each has d_head = d_model / n_heads dimensions
+    d_ff: int = 176  # hidden width of the SwiGLU feed-forward (about 8/3 d_model, rounded to 16)
+    rope_theta: float = 10_000.0  # RoPE base: pair i rotates by position * rope_theta ** (-2i / d_head)
+    norm_eps: float = 1e-5  # added to the mean square inside RMSNorm
+    attention: str = "naive"  # backend: "naive" (softmax(QK^T) V written out) or "sdpa" (PyTorch fused)
+
+    def __post_init__(self) -> None:
+        for name in _SIZE_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be a positive integer, got {value!r} ({type(value).__name__})")
+            if value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value}")
+        if self.d_model % self.n_heads != 0:
+            raise ValueError(
+                f"d_model ({self.d_model}) is not divisible by n_heads ({self.n_heads}): "
+                f"{self.d_model} / {self.n_heads} = {self.d_model / self.n_heads:g}"
+            )
+        if self.d_head % 2 != 0:
+            raise ValueError(
+                f"d_head = d_model / n_heads = {self.d_model} / {self.n_heads} = {self.d_head} must be even "
+                "(RoPE rotates pairs of dimensions)"
+            )
+        for name in ("rope_theta", "norm_eps"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{name} must be a positive number, got {value!r}")
+        if self.attention not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention={self.attention!r} is not a known backend; known: {ATTENTION_BACKENDS}")
+
+    @property
+    def d_head(self) -> int:
+        """Dimensions per attention head: d_model / n_heads."""
+        return self.d_model // self.n_heads
+
+    @classmethod
+    def preset(cls, name: str, **overrides: Any) -> TransformerConfig:
+        """The named preset (see `PRESETS`), with any field replaced by `overrides`.
+
+        `TransformerConfig.preset("small", attention="sdpa")`; unknown names raise ValueError.
+        """
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
+        known_fields = {f.name for f in fields(cls)}
+        unknown = sorted(set(overrides) - known_fields)
+        if unknown:
+            raise ValueError(f"unknown TransformerConfig field(s) {unknown}; known: {sorted(known_fields)}")
+        return cls(**{**PRESETS[name], **overrides})
+
+
+def _cs336(d_model: int, d_ff: int, n_layers: int, n_heads: int) -> dict[str, int]:
+    return dict(vocab_size=10_000, context_length=1_024, d_model=d_model, d_ff=d_ff, n_layers=n_layers, n_heads=n_heads)
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # tiny, for CPU tests and smoke runs (= the dataclass defaults)
+    "debug": dict(vocab_size=1_000, context_length=128, d_model=64, d_ff=176, n_layers=2, n_heads=4),
+    # CS336 assignment-2 model table (d_ff = 4 d_model for every standard size)
+    "small": _cs336(d_model=768, d_ff=3_072, n_layers=12, n_heads=12),
+    "medium": _cs336(d_model=1_024, d_ff=4_096, n_layers=24, n_heads=16),
+    "large": _cs336(d_model=1_280, d_ff=5_120, n_layers=36, n_heads=20),
+    "xl": _cs336(d_model=1_600, d_ff=6_400, n_layers=48, n_heads=25),
+    "2.7B": _cs336(d_model=2_560, d_ff=10_240, n_layers=32, n_heads=32),
+}
+"""Named model sizes: preset name -> TransformerConfig keyword arguments."""

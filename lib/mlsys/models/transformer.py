@@ -1,0 +1,247 @@
+"""The book's decoder-only language model, in one readable file.
+
+A pre-norm transformer as in Stanford CS336 (2025) and the Llama family:
+
+    tokens -> token embedding (no positional embedding; positions enter through RoPE)
+           -> n_layers x Block:  x = x + attn(RMSNorm(x));  x = x + SwiGLU(RMSNorm(x))
+           -> final RMSNorm -> lm_head (untied, d_model -> vocab) -> logits
+
+No linear layer has a bias. Attention has separate q, k, v, o projections (each d_model x d_model),
+rotary position embeddings (Su et al., 2021, "RoFormer") on q and k, and a causal mask. The
+feed-forward is SwiGLU (Shazeer, 2020, "GLU Variants Improve Transformer"): w2(silu(w1 x) * w3 x).
+RMSNorm is Zhang & Sennrich (2019). The attention backend is an explicit config field:
+"naive" writes softmax(QK^T / sqrt(d_head) + mask) V out; "sdpa" calls PyTorch's fused
+`scaled_dot_product_attention`.
+
+The model builds on the meta device without allocating (`with torch.device("meta"): Transformer(cfg)`);
+after `model.to_empty(device=...)`, call `model.init_weights(seed=...)` to fill weights and RoPE tables.
+Parameter counts come from `mlsys.accounting.params`, the one formula the tests check against this module.
+
+Used in: §sec-transformer-accounting (chapter 02) and the attention, precision and parallelism chapters.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor, nn
+
+from mlsys.accounting.params import count_params, param_counts
+from mlsys.models.config import ATTENTION_BACKENDS, PRESETS, TransformerConfig
+
+__all__ = [
+    "ATTENTION_BACKENDS", "PRESETS", "TransformerConfig", "RMSNorm", "RotaryEmbedding", "apply_rope",
+    "naive_causal_attention", "sdpa_causal_attention", "CausalSelfAttention", "SwiGLU", "Block", "Transformer",
+]  # fmt: skip
+
+INIT_STD = 0.02  # std of the normal init of every Linear and Embedding weight (GPT-2's choice)
+
+
+class RMSNorm(nn.Module):
+    """x / sqrt(mean(x^2) + eps) * gain, computed in at least fp32 and cast back to x's dtype."""
+
+    def __init__(self, d_model: int, eps: float = 1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model))
+
+    def forward(self, x: Float[Tensor, "batch seq d_model"]) -> Float[Tensor, "batch seq d_model"]:
+        x_up = x.to(torch.promote_types(x.dtype, torch.float32))  # bf16 squares lose too many bits
+        rms_inv = torch.rsqrt(x_up.pow(2).mean(dim=-1, keepdim=True) + self.eps)  # (batch, seq, 1)
+        return (x_up * rms_inv).to(x.dtype) * self.weight
+
+    def reset_parameters(self) -> None:
+        nn.init.ones_(self.weight)
+
+
+class RotaryEmbedding(nn.Module):
+    """cos/sin tables of RoPE: pair i of a head at position p rotates by angle p * theta**(-2i/d_head).
+
+    The tables are non-persistent buffers (not in the state dict, no parameters), shape
+    (context_length, d_head // 2). They follow `.to(device)`; on the meta device they hold no data,
+    and `reset_parameters()` recomputes them after `to_empty`.
+    """
+
+    def __init__(self, d_head: int, context_length: int, theta: float = 10_000.0):
+        super().__init__()
+        self.d_head, self.context_length, self.theta = d_head, context_length, theta
+        self.register_buffer("cos", torch.empty(context_length, d_head // 2), persistent=False)
+        self.register_buffer("sin", torch.empty(context_length, d_head // 2), persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        device = self.cos.device
+        inv_freq = self.theta ** (-torch.arange(0, self.d_head, 2, device=device, dtype=torch.float64) / self.d_head)
+        positions = torch.arange(self.context_length, device=device, dtype=torch.float64)
+        angles = torch.outer(positions, inv_freq)  # (context_length, d_head // 2), in float64 for accuracy
+        with torch.no_grad():
+            self.cos.copy_(angles.cos())
+            self.sin.copy_(angles.sin())
+
+    def forward(self, seq: int) -> tuple[Float[Tensor, "seq half"], Float[Tensor, "seq half"]]:
+        """(cos, sin) for positions 0 .. seq-1."""
+        return self.cos[:seq], self.sin[:seq]
+
+
+def apply_rope(
+    x: Float[Tensor, "batch heads seq d_head"],
+    cos: Float[Tensor, "seq d_head//2"],
+    sin: Float[Tensor, "seq d_head//2"],
+) -> Float[Tensor, "batch heads seq d_head"]:
+    """Rotate each adjacent pair (x[2i], x[2i+1]) of every head by its position's angle.
+
+    Rotations preserve length, and q(m) . k(n) after rotation depends only on m - n (RoPE's point).
+    """
+    x_even, x_odd = x[..., 0::2], x[..., 1::2]  # (batch, heads, seq, d_head // 2) each
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    rotated = torch.stack((x_even * cos - x_odd * sin, x_even * sin + x_odd * cos), dim=-1)
+    return rotated.flatten(-2)  # interleave the pairs back: (batch, heads, seq, d_head)
+
+
+def naive_causal_attention(
+    q: Float[Tensor, "batch heads seq d_head"],
+    k: Float[Tensor, "batch heads seq d_head"],
+    v: Float[Tensor, "batch heads seq d_head"],
+) -> Float[Tensor, "batch heads seq d_head"]:
+    """softmax(q k^T / sqrt(d_head) + causal mask) v, with the (seq x seq) score matrix materialized."""
+    seq, d_head = q.shape[-2], q.shape[-1]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(d_head)  # (batch, heads, seq, seq)
+    future = torch.ones(seq, seq, dtype=torch.bool, device=q.device).triu(diagonal=1)
+    scores = scores.masked_fill(future, float("-inf"))  # query i may not look at keys j > i
+    return scores.softmax(dim=-1) @ v
+
+
+def sdpa_causal_attention(
+    q: Float[Tensor, "batch heads seq d_head"],
+    k: Float[Tensor, "batch heads seq d_head"],
+    v: Float[Tensor, "batch heads seq d_head"],
+) -> Float[Tensor, "batch heads seq d_head"]:
+    """The same function through PyTorch's fused kernel (flash / memory-efficient / math, its choice)."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+_ATTENTION = {"naive": naive_causal_attention, "sdpa": sdpa_causal_attention}
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention with RoPE; 4 d_model^2 parameters (q, k, v, o; no biases)."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        d = config.d_model
+        self.n_heads, self.d_head = config.n_heads, config.d_head
+        self.backend = config.attention  # recorded: the implementation that actually runs
+        self.q_proj = nn.Linear(d, d, bias=False)
+        self.k_proj = nn.Linear(d, d, bias=False)
+        self.v_proj = nn.Linear(d, d, bias=False)
+        self.o_proj = nn.Linear(d, d, bias=False)
+
+    def forward(
+        self,
+        x: Float[Tensor, "batch seq d_model"],
+        cos: Float[Tensor, "seq half"],
+        sin: Float[Tensor, "seq half"],
+    ) -> Float[Tensor, "batch seq d_model"]:
+        batch, seq, d_model = x.shape
+
+        def split_heads(t: Tensor) -> Tensor:  # (batch, seq, d_model) -> (batch, heads, seq, d_head)
+            return t.view(batch, seq, self.n_heads, self.d_head).transpose(1, 2)
+
+        q = apply_rope(split_heads(self.q_proj(x)), cos, sin)
+        k = apply_rope(split_heads(self.k_proj(x)), cos, sin)
+        v = split_heads(self.v_proj(x))
+        y = _ATTENTION[self.backend](q, k, v)  # (batch, heads, seq, d_head)
+        y = y.transpose(1, 2).reshape(batch, seq, d_model)  # concatenate the heads
+        return self.o_proj(y)
+
+
+class SwiGLU(nn.Module):
+    """Feed-forward w2(silu(w1 x) * w3 x); 3 d_model d_ff parameters."""
+
+    def __init__(self, d_model: int, d_ff: int):
+        super().__init__()
+        self.w1 = nn.Linear(d_model, d_ff, bias=False)  # gate
+        self.w3 = nn.Linear(d_model, d_ff, bias=False)  # value
+        self.w2 = nn.Linear(d_ff, d_model, bias=False)  # back to the residual stream
+
+    def forward(self, x: Float[Tensor, "batch seq d_model"]) -> Float[Tensor, "batch seq d_model"]:
+        return self.w2(F.silu(self.w1(x)) * self.w3(x))  # hidden: (batch, seq, d_ff)
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attn(norm(x)), then x + ffn(norm(x))."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        self.attn_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.attn = CausalSelfAttention(config)
+        self.ffn_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.ffn = SwiGLU(config.d_model, config.d_ff)
+
+    def forward(
+        self,
+        x: Float[Tensor, "batch seq d_model"],
+        cos: Float[Tensor, "seq half"],
+        sin: Float[Tensor, "seq half"],
+    ) -> Float[Tensor, "batch seq d_model"]:
+        x = x + self.attn(self.attn_norm(x), cos, sin)
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class Transformer(nn.Module):
+    """Decoder-only LM: tokens (batch, seq) -> logits (batch, seq, vocab). See the module docstring."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        if not isinstance(config, TransformerConfig):
+            raise TypeError(f"config must be a TransformerConfig, got {type(config).__name__}")
+        self.config = config
+        self.token_embedding = nn.Embedding(config.vocab_size, config.d_model)
+        self.rope = RotaryEmbedding(config.d_head, config.context_length, config.rope_theta)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
+        self.final_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.apply(self._init_weights)
+
+    @staticmethod
+    def _init_weights(module: nn.Module, generator: torch.Generator | None = None) -> None:
+        """Normal(0, INIT_STD) for Linear and Embedding weights; gains of 1; RoPE tables recomputed."""
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=INIT_STD, generator=generator)
+        elif isinstance(module, (RMSNorm, RotaryEmbedding)):
+            module.reset_parameters()
+
+    def init_weights(self, seed: int | None = None) -> None:
+        """Re-initialize every weight and buffer in place (e.g. after `to_empty` from the meta device).
+
+        With `seed`, the draw is reproducible on any device (a generator on the weights' device).
+        """
+        device = self.lm_head.weight.device
+        generator = None
+        if seed is not None and device.type != "meta":
+            generator = torch.Generator(device=device).manual_seed(seed)
+        for module in self.modules():
+            self._init_weights(module, generator)
+
+    def forward(self, tokens: Int[Tensor, "batch seq"]) -> Float[Tensor, "batch seq vocab"]:
+        if tokens.dtype not in (torch.int64, torch.int32):
+            raise TypeError(f"tokens must be an integer tensor (torch.int64 or torch.int32), got {tokens.dtype}")
+        if tokens.ndim != 2:
+            raise ValueError(f"tokens must have shape (batch, seq), got {tuple(tokens.shape)}")
+        seq = tokens.shape[1]
+        if seq > self.config.context_length:
+            raise ValueError(f"seq ({seq}) exceeds context_length ({self.config.context_length})")
+        cos, sin = self.rope(seq)  # (seq, d_head // 2) each
+        x = self.token_embedding(tokens)  # (batch, seq, d_model)
+        for block in self.blocks:
+            x = block(x, cos, sin)
+        return self.lm_head(self.final_norm(x))  # (batch, seq, vocab)
+
+    def num_params(self, non_embedding: bool = False) -> int:
+        """Parameter count from `mlsys.accounting.params` (the tests check it equals sum(p.numel()))."""
+        if non_embedding:
+            return param_counts(self.config).non_embedding
+        return count_params(self.config)

@@ -1,0 +1,106 @@
+"""Tensor and model-state byte accounting (`mlsys.accounting.memory`)."""
+
+import math
+
+import numpy as np
+import pytest
+
+from mlsys import hardware
+from mlsys.accounting.memory import (
+    RECIPES,
+    TrainingRecipe,
+    max_trainable_params,
+    model_state_breakdown,
+    model_state_bytes,
+    recipe,
+    tensor_bytes,
+)
+
+EXPECTED_BYTES_PER_PARAM = {
+    "fp32_adamw": 16,
+    "bf16_mixed_adamw": 16,
+    "bf16_mixed_adamw_fp32_grads": 18,
+    "bf16_pure_adamw": 8,
+    "fp32_sgd_momentum": 12,
+}
+
+
+@pytest.mark.parametrize("name", list(EXPECTED_BYTES_PER_PARAM))
+def test_recipe_totals(name):
+    r = recipe(name)
+    assert r.name == name
+    assert r.bytes_per_param == EXPECTED_BYTES_PER_PARAM[name]
+    assert sum(r.breakdown().values()) == r.bytes_per_param
+
+
+def test_registry_is_exactly_the_documented_recipes():
+    assert set(RECIPES) == set(EXPECTED_BYTES_PER_PARAM)
+
+
+def test_mixed_precision_is_zeros_2_plus_2_plus_12():
+    parts = recipe("bf16_mixed_adamw").breakdown()
+    assert (parts["weights"], parts["grads"], parts["master"] + parts["optimizer"]) == (2, 2, 12)
+
+
+def test_model_state_bytes_and_breakdown():
+    n = 1_234_567
+    for name, per_param in EXPECTED_BYTES_PER_PARAM.items():
+        assert model_state_bytes(n, name) == n * per_param
+        parts = model_state_breakdown(n, name)
+        assert list(parts) == ["weights", "grads", "master", "optimizer"]
+        assert sum(parts.values()) == model_state_bytes(n, recipe(name))
+    assert model_state_bytes(0, "fp32_adamw") == 0
+    assert model_state_bytes(np.int64(10), "fp32_adamw") == 160
+
+
+def test_custom_recipe_object():
+    adafactor_like = TrainingRecipe("tiny", "fp32 weights, grads, 1 byte of state", 4, 4, 0, 1)
+    assert model_state_bytes(100, adafactor_like) == 900
+    with pytest.raises(ValueError, match="optimizer_bytes"):
+        TrainingRecipe("bad", "negative", 4, 4, 0, -1)
+
+
+def test_max_trainable_params_on_eight_h100s():
+    hbm_bytes = hardware.H100_SXM.hbm_bytes
+    n = max_trainable_params(8, hbm_bytes, "fp32_adamw")
+    assert isinstance(n, int)
+    assert n == math.floor(8 * hbm_bytes / 16)
+    assert n == pytest.approx(40e9, rel=0.1)  # "8 x 80 GB / 16 B per parameter = 40B parameters"
+    # The bound is tight: one more parameter's states would not fit.
+    assert model_state_bytes(n, "fp32_adamw") <= 8 * hbm_bytes < model_state_bytes(n + 1, "fp32_adamw")
+
+
+def test_max_trainable_params_scales_with_devices_and_recipe():
+    mem = 10_000
+    assert max_trainable_params(1, mem, "bf16_pure_adamw") == 1_250
+    assert max_trainable_params(3, mem, "bf16_mixed_adamw_fp32_grads") == 30_000 // 18
+    assert max_trainable_params(2, 100.5, "fp32_sgd_momentum") == math.floor(201 / 12)
+
+
+def test_tensor_bytes():
+    assert tensor_bytes((1024, 1024), "bf16") == 2 * 2**20
+    assert tensor_bytes([3, 5, 7], "fp32") == 3 * 5 * 7 * 4
+    assert tensor_bytes((), "fp64") == 8  # a scalar
+    assert tensor_bytes((0, 128), "fp32") == 0
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "match"),
+    [
+        (lambda: recipe("adam"), ValueError, "fp32_adamw"),
+        (lambda: tensor_bytes((4, 4), "fp12"), ValueError, "fp12"),
+        (lambda: tensor_bytes((4, -1), "fp32"), ValueError, r"shape\[1\]"),
+        (lambda: tensor_bytes((4, 2.5), "fp32"), TypeError, r"shape\[1\]"),
+        (lambda: tensor_bytes(1024, "fp32"), TypeError, "shape"),
+        (lambda: model_state_bytes(-1, "fp32_adamw"), ValueError, "n_params"),
+        (lambda: model_state_bytes(1.5e9, "fp32_adamw"), TypeError, "n_params"),
+        (lambda: model_state_breakdown(10, "sgd"), ValueError, "unknown training recipe"),
+        (lambda: max_trainable_params(0, 1e9, "fp32_adamw"), ValueError, "n_devices"),
+        (lambda: max_trainable_params(8, 0, "fp32_adamw"), ValueError, "device_memory_bytes"),
+        (lambda: max_trainable_params(8, -1.0, "fp32_adamw"), ValueError, "device_memory_bytes"),
+        (lambda: max_trainable_params(8, "80GB", "fp32_adamw"), TypeError, "device_memory_bytes"),
+    ],
+)
+def test_bad_input(call, error, match):
+    with pytest.raises(error, match=match):
+        call()

@@ -1,0 +1,189 @@
+"""The book's transformer (`mlsys.models.transformer`) and its config (`mlsys.models.config`)."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from beartype import beartype
+from jaxtyping import TypeCheckError, jaxtyped
+
+from mlsys.models import transformer as tm
+from mlsys.models.config import ATTENTION_BACKENDS, PRESETS, TransformerConfig
+from mlsys.models.transformer import Transformer, apply_rope
+
+SEED = 0
+DEBUG = TransformerConfig()
+
+
+def build(seed: int = SEED, dtype: torch.dtype = torch.float32, **overrides) -> Transformer:
+    model = Transformer(TransformerConfig.preset("debug", **overrides))
+    model.init_weights(seed=seed)
+    return model.to(dtype)
+
+
+def random_tokens(cfg: TransformerConfig, batch: int, seq: int, seed: int = SEED) -> torch.Tensor:
+    return torch.randint(0, cfg.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(seed))
+
+
+# --- config -----------------------------------------------------------------------------------------
+
+
+def test_defaults_are_the_debug_preset_and_presets_build():
+    assert TransformerConfig() == TransformerConfig.preset("debug")
+    assert set(PRESETS) == {"debug", "small", "medium", "large", "xl", "2.7B"}
+    small = TransformerConfig.preset("small", attention="sdpa")
+    assert (small.d_model, small.d_ff, small.n_layers, small.n_heads, small.d_head) == (768, 3072, 12, 12, 64)
+    assert (small.vocab_size, small.context_length, small.attention) == (10_000, 1_024, "sdpa")
+    assert tm.TransformerConfig is TransformerConfig  # re-exported
+    assert set(tm._ATTENTION) == set(ATTENTION_BACKENDS)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "fragments"),
+    [
+        (dict(d_model=1000, n_heads=16), ValueError, ["d_model (1000)", "n_heads (16)", "not divisible"]),
+        (dict(d_model=0), ValueError, ["d_model must be a positive integer, got 0"]),
+        (dict(n_layers=-2), ValueError, ["n_layers", "-2"]),
+        (dict(vocab_size=64.0), TypeError, ["vocab_size", "64.0"]),
+        (dict(d_model=60, n_heads=4), ValueError, ["d_head", "15", "even"]),  # 60 / 4 = 15 is odd
+        (dict(attention="flash"), ValueError, ["flash", "naive", "sdpa"]),
+        (dict(norm_eps=0.0), ValueError, ["norm_eps"]),
+    ],
+)
+def test_config_rejects_bad_values(kwargs, error, fragments):
+    with pytest.raises(error) as info:
+        TransformerConfig(**kwargs)
+    for fragment in fragments:
+        assert fragment in str(info.value)
+
+
+def test_unknown_preset_and_field():
+    with pytest.raises(ValueError, match="known: debug, small, medium, large, xl, 2.7B"):
+        TransformerConfig.preset("huge")
+    with pytest.raises(ValueError, match="d_modle"):
+        TransformerConfig.preset("small", d_modle=512)
+
+
+# --- model --------------------------------------------------------------------------------------------
+
+
+def test_forward_backward_and_loss_at_init_is_near_ln_vocab():
+    model = build()
+    tokens = random_tokens(DEBUG, batch=4, seq=33)
+    logits = model(tokens)
+    assert logits.shape == (4, 33, DEBUG.vocab_size)
+    loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten())
+    # Uniform guessing costs ln(vocab) = 6.91 nats; with init std 0.02 the logits are nearly equal
+    # (std ~0.02 sqrt(d_model) = 0.16), so the loss is within a tenth of a nat of it.
+    assert logits.std().item() < 0.5
+    assert loss.item() == pytest.approx(math.log(DEBUG.vocab_size), abs=0.1)
+    loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+    assert model.lm_head.weight.grad.abs().sum() > 0
+    assert model.blocks[0].attn.q_proj.weight.grad.abs().sum() > 0  # gradient reaches the first block
+
+
+def test_naive_and_sdpa_attention_agree():
+    naive = build(dtype=torch.float64, attention="naive")
+    sdpa = build(dtype=torch.float64, attention="sdpa")
+    assert (naive.blocks[0].attn.backend, sdpa.blocks[0].attn.backend) == ("naive", "sdpa")
+    tokens = random_tokens(DEBUG, batch=3, seq=37)
+    torch.testing.assert_close(naive(tokens), sdpa(tokens), rtol=1e-10, atol=1e-10)
+    q, k, v = torch.randn(3, 2, 3, 37, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(tm.naive_causal_attention(q, k, v), tm.sdpa_causal_attention(q, k, v))
+
+
+@pytest.mark.parametrize("attention", ATTENTION_BACKENDS)
+def test_causality(attention):
+    model = build(dtype=torch.float64, attention=attention)
+    tokens = random_tokens(DEBUG, batch=2, seq=37)
+    changed = tokens.clone()
+    t = 20
+    changed[:, t] = (tokens[:, t] + 1) % DEBUG.vocab_size
+    before, after = model(tokens), model(changed)
+    torch.testing.assert_close(before[:, :t], after[:, :t], rtol=0, atol=1e-12)
+    assert (before[:, t:] - after[:, t:]).abs().amax(dim=-1).min() > 1e-6  # every later position sees it
+
+
+def test_rope_scores_depend_only_on_position_difference():
+    d_head, context = 16, 64
+    rope = tm.RotaryEmbedding(d_head, context, theta=10_000.0).double()
+    rope.reset_parameters()  # tables recomputed in float64
+    cos, sin = rope(context)
+    g = torch.Generator().manual_seed(SEED)
+    q, k = torch.randn(2, d_head, dtype=torch.float64, generator=g)
+    # The same q and k at every position: rotated[p] is q (or k) at position p.
+    q_rot = apply_rope(q.expand(1, 1, context, d_head), cos, sin)[0, 0]
+    k_rot = apply_rope(k.expand(1, 1, context, d_head), cos, sin)[0, 0]
+    scores = q_rot @ k_rot.T  # scores[m, n] = <R_m q, R_n k>
+    for offset in (0, 3, 17):
+        for shift in (1, 5, 30):
+            m, n = 10 + offset, 10
+            torch.testing.assert_close(scores[m, n], scores[m + shift, n + shift], rtol=0, atol=1e-12)
+    assert (scores[13, 10] - scores[27, 10]).abs() > 1e-3  # but it does depend on the difference
+    torch.testing.assert_close(q_rot.norm(dim=-1), q.norm().expand(context))  # rotations keep length
+    torch.testing.assert_close(q_rot[0], q)  # position 0 is not rotated
+
+
+@pytest.mark.parametrize(
+    ("tokens", "error", "fragments"),
+    [
+        (torch.zeros(2, DEBUG.context_length + 1, dtype=torch.long), ValueError, ["seq (129)", "(128)"]),
+        (torch.zeros(2, 8), TypeError, ["tokens", "integer", "float32"]),
+        (torch.zeros(8, dtype=torch.long), ValueError, ["(batch, seq)"]),
+    ],
+)
+def test_forward_rejects_bad_tokens(tokens, error, fragments):
+    with pytest.raises(error) as info:
+        build()(tokens)
+    for fragment in fragments:
+        assert fragment in str(info.value)
+
+
+def test_constructor_needs_a_config():
+    with pytest.raises(TypeError, match="TransformerConfig"):
+        Transformer(dict(PRESETS["debug"]))
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_every_preset_builds_on_meta_without_data(name):
+    with torch.device("meta"):
+        model = Transformer(TransformerConfig.preset(name, attention="sdpa"))
+        logits = model(torch.zeros(2, 16, dtype=torch.long))  # shapes propagate without any compute
+    assert all(t.is_meta for t in list(model.parameters()) + list(model.buffers()))
+    assert logits.shape == (2, 16, model.config.vocab_size)
+    assert "rope.cos" not in model.state_dict()  # RoPE tables are derived, not saved
+
+
+def test_meta_then_materialize_matches_direct_init():
+    with torch.device("meta"):
+        lazy = Transformer(DEBUG)
+    lazy.to_empty(device="cpu")
+    lazy.init_weights(seed=7)
+    eager = build(seed=7)
+    for (name, a), (_, b) in zip(lazy.state_dict().items(), eager.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+    assert torch.equal(lazy.rope.cos, eager.rope.cos)
+    other = build(seed=8)
+    assert not torch.equal(other.lm_head.weight, eager.lm_head.weight)  # the seed matters
+
+
+def test_jaxtyping_annotations_hold_at_runtime(monkeypatch):
+    checked = lambda fn: jaxtyped(typechecker=beartype)(fn)  # noqa: E731
+    for fn_name in ("apply_rope", "naive_causal_attention", "sdpa_causal_attention"):
+        monkeypatch.setattr(tm, fn_name, checked(getattr(tm, fn_name)))
+    monkeypatch.setitem(tm._ATTENTION, "naive", tm.naive_causal_attention)
+    for cls in (tm.RMSNorm, tm.CausalSelfAttention, tm.SwiGLU, tm.Block, tm.Transformer):
+        monkeypatch.setattr(cls, "forward", checked(cls.forward))
+    model = build()
+    logits = model(random_tokens(DEBUG, batch=2, seq=11))  # every annotated boundary is checked
+    assert logits.shape == (2, 11, DEBUG.vocab_size)
+    # Rejected by the annotations themselves (TypeCheckError), before the forward's own checks run.
+    with pytest.raises(TypeCheckError):
+        model(torch.zeros(2, 3, 11, dtype=torch.long))  # rank 3, but Int[Tensor, "batch seq"]
+    with pytest.raises(TypeCheckError):
+        model(torch.zeros(2, 11))  # float tokens violate Int[...]
+    with pytest.raises(TypeCheckError):
+        tm.apply_rope(torch.zeros(1, 2, 5, 16), torch.zeros(5, 7), torch.zeros(5, 7))  # d_head//2 is 8, not 7
