@@ -45,3 +45,12 @@ def test_glue_returns_its_value_and_checks_the_name():
     assert book.glue("some_value", 42) == 42
     with pytest.raises(ValueError, match="identifier"):
         book.glue("not a name", 1)
+
+
+def test_table_renders_html_and_text_and_checks_widths():
+    table = book.Table(["a", "b"], [[1, "<x>"], [22, 3.5]])
+    html = table._repr_html_()
+    assert html.count("<tr>") == 3 and "&lt;x&gt;" in html
+    assert repr(table).splitlines()[1].startswith("1   <x>")
+    with pytest.raises(ValueError, match="row 0 has 1 cells for 2 columns"):
+        book.Table(["a", "b"], [[1]])

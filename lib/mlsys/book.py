@@ -22,3 +22,31 @@ def glue(name: str, value: T) -> T:
 
         _myst_glue(name, value, display=False)
     return value
+
+
+class Table:
+    """A small table that renders as HTML in the book and in Jupyter, and as aligned text in a terminal.
+
+    Cells are shown with `str()`; format numbers before passing them in.
+    """
+
+    def __init__(self, header: list[object], rows: list[list[object]]):
+        self.header = [str(h) for h in header]
+        self.rows = [[str(c) for c in row] for row in rows]
+        for i, row in enumerate(self.rows):
+            if len(row) != len(self.header):
+                raise ValueError(f"row {i} has {len(row)} cells for {len(self.header)} columns")
+
+    def _repr_html_(self) -> str:
+        from html import escape
+
+        cell = 'style="white-space:nowrap; padding:0.15em 0.6em; text-align:left"'
+        head = "".join(f"<th {cell}>{escape(h)}</th>" for h in self.header)
+        body = "".join("<tr>" + "".join(f"<td {cell}>{escape(c)}</td>" for c in row) + "</tr>" for row in self.rows)
+        table = f'<table style="font-size:0.85em"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+        return f'<div style="overflow-x:auto">{table}</div>'
+
+    def __repr__(self) -> str:
+        lines = [self.header, *self.rows]
+        widths = [max(len(r[i]) for r in lines) for i in range(len(self.header))]
+        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in lines)

@@ -10,8 +10,8 @@
 
 `MLSYS_PROFILE` always wins; otherwise the hardware decides (never the `CI` variable).
 
-Triton's interpreter (`TRITON_INTERPRET=1`) must be switched on *before* Triton is imported, so
-kernel modules call `setup_triton()` first; it does so when no GPU is present. Nothing here
+Triton's interpreter (`TRITON_INTERPRET=1`) must be switched on before any `@triton.jit` function
+is defined, so kernel modules call `setup_triton()` first; it does so when no GPU is present. Nothing here
 runs at import time. Used in: every chapter (the first cell prints `describe()`).
 """
 
@@ -21,7 +21,6 @@ import datetime as _dt
 import importlib.util
 import os
 import platform
-import sys
 from typing import TypeVar
 
 PROFILES = ("smoke", "cpu", "gpu")
@@ -76,20 +75,16 @@ def triton_interpreted() -> bool:
 
 
 def setup_triton() -> bool:
-    """Prepare Triton before it is imported; returns whether Triton can be used at all.
+    """Prepare Triton for this machine; returns whether Triton can be used at all.
 
-    With no CUDA device, kernels can only run in Triton's interpreter, which must be switched on
-    before `triton` is first imported. Raises `RuntimeError` if Triton was already imported without
-    it (restart the kernel), rather than failing later at launch with "0 active drivers".
+    With no CUDA device, kernels can only run in Triton's interpreter, which reads
+    `TRITON_INTERPRET=1` when each `@triton.jit` function is *defined*. The kernel modules call this
+    before defining theirs (importing `triton` itself earlier, as `torch.utils.flop_counter` does, is
+    harmless). An explicit `TRITON_INTERPRET` set by the user is left alone.
     """
     if not has_triton():
         return False
-    if device() != "cuda" and not triton_interpreted():
-        if "triton" in sys.modules:
-            raise RuntimeError(
-                "triton was imported before mlsys.env.setup_triton() could set TRITON_INTERPRET=1 "
-                "(needed without a GPU); restart the Python process and import mlsys kernels first"
-            )
+    if device() != "cuda" and "TRITON_INTERPRET" not in os.environ:
         os.environ["TRITON_INTERPRET"] = "1"
     return True
 

@@ -1,0 +1,13 @@
+"""Triton kernels, one op per module, each with its reference, cost model, launcher and tests.
+
+- `elementwise`: `repeat_unary` (a unary op applied k times in one fused kernel), `eager_chain_bytes`.
+- `softmax`: fused row-wise `softmax` (forward and backward), `naive_softmax`, `softmax_bytes`.
+- `rmsnorm`: fused `rmsnorm` (forward; backward gives dx and dweight), `rmsnorm_bytes`.
+- `benchmark`: `python -m mlsys.kernels.benchmark` times them against eager PyTorch and torch.compile.
+- `_triton`: the only place Triton is imported (it sets `TRITON_INTERPRET=1` first when there is no
+  GPU), input checks and the per-dtype test tolerances.
+
+Import the modules explicitly (`from mlsys.kernels.softmax import softmax`): this package imports
+nothing, so `import mlsys.kernels` neither touches Triton nor shadows a module with its function.
+Used in: §sec-byte-movement.
+"""

@@ -1,0 +1,163 @@
+"""The one place Triton is imported, plus the input checks and tolerances every kernel shares.
+
+Import-time step (the only one in the library, and deliberate): `mlsys.env.setup_triton()` runs
+before `import triton`. Without a CUDA device it sets `TRITON_INTERPRET=1`, because Triton reads
+that variable when a `@triton.jit` function is defined; kernels then run in Triton's CPU
+interpreter (slow, for correctness only). Triton itself may have been imported earlier (as
+`torch.utils.flop_counter` does): only the definitions below must come after the variable.
+
+Where Triton is not installed (macOS, Windows), `triton` and `tl` are stand-ins whose `jit` and
+`autotune` decorators let the kernel modules import; every launcher calls `require_triton`, which
+raises a clear `RuntimeError` naming the reference to use instead. Nothing falls back silently.
+
+Flags: `HAS_TRITON` (installed and usable), `INTERPRETED` (kernels run in the CPU interpreter).
+Used in: §sec-byte-movement (chapter 04) and every kernel module.
+"""
+
+from __future__ import annotations
+
+import types
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from mlsys import env
+
+HAS_TRITON: bool = env.setup_triton()
+
+if HAS_TRITON:
+    import triton
+    import triton.language as tl
+else:  # macOS, Windows (tested in a subprocess that hides Triton)
+
+    def _decorator(*args: Any, **kwargs: Any) -> Any:
+        """Stand-in for `triton.jit` / `triton.autotune`: `@jit` and `@autotune(...)` both leave fn as is."""
+        if len(args) == 1 and callable(args[0]) and not kwargs:
+            return args[0]
+        return lambda fn: fn
+
+    triton = types.SimpleNamespace(  # type: ignore[assignment]
+        jit=_decorator,
+        autotune=_decorator,
+        Config=lambda *args, **kwargs: (args, kwargs),
+        cdiv=lambda a, b: -(-a // b),
+        next_power_of_2=lambda n: 1 << max(0, int(n) - 1).bit_length(),
+    )
+    tl = types.SimpleNamespace(constexpr=int)  # type: ignore[assignment]
+
+INTERPRETED: bool = HAS_TRITON and env.triton_interpreted()
+
+KERNEL_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32)
+"""Input dtypes the book's kernels accept; they compute in fp32 internally and store in the input dtype."""
+
+TOLERANCES: dict[torch.dtype, dict[str, float]] = {
+    # fp32: fp32 arithmetic against float64; a few ulps of a row reduction, plus the GPU's approximate exp.
+    torch.float32: {"rtol": 1e-5, "atol": 1e-5},
+    # fp16: one rounding of the output is 2**-11 ~ 4.9e-4 relative; leave room for inputs near zero.
+    torch.float16: {"rtol": 2e-3, "atol": 1e-3},
+    # bf16: 8 significand bits, one rounding is 2**-8 ~ 3.9e-3 relative (GPU-only: see the notes on the interpreter).
+    torch.bfloat16: {"rtol": 1.6e-2, "atol": 1e-2},
+}
+"""Per-dtype `torch.testing.assert_close` tolerances for a kernel's output against a float64 reference."""
+
+
+def require_triton(op: str) -> None:
+    """Raise RuntimeError if kernels cannot run here; `op` names the reference to use instead."""
+    if not HAS_TRITON:
+        raise RuntimeError(
+            f"Triton is not installed (Linux only); use {op}_ref, the plain PyTorch reference, on this machine"
+        )
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def check_input(
+    x: object,
+    name: str,
+    *,
+    dtypes: Iterable[torch.dtype] = KERNEL_DTYPES,
+    min_ndim: int = 1,
+) -> torch.Tensor:
+    """Validate a kernel input before launch; returns it. Errors name the argument and the rule.
+
+    Rules: a torch.Tensor (TypeError); of one of `dtypes`, and not bfloat16 when interpreted
+    (TypeError); with at least `min_ndim` dimensions, on a CUDA device (or on the CPU when Triton
+    runs interpreted), non-empty and contiguous in memory (ValueError).
+    """
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    allowed = tuple(dtypes)
+    if x.dtype not in allowed:
+        raise TypeError(
+            f"{name} has dtype {x.dtype}; expected one of {', '.join(_dtype_name(d) for d in allowed)}"
+        )
+    if INTERPRETED and x.dtype == torch.bfloat16:
+        raise TypeError(
+            f"{name} has dtype torch.bfloat16, which Triton's CPU interpreter computes wrongly (it truncates "
+            "fp32 -> bf16 and does bf16 arithmetic on bit patterns); use float16 or float32 here, bfloat16 on a GPU"
+        )
+    if x.dim() < min_ndim:
+        raise ValueError(f"{name} must have at least {min_ndim} dimension(s), got shape {tuple(x.shape)}")
+    if x.device.type != "cuda" and not (INTERPRETED and x.device.type == "cpu"):
+        where = "a CUDA device" + (" or the CPU (Triton interpreter)" if INTERPRETED else "")
+        raise ValueError(f"{name} is on {x.device}; Triton kernels here need a tensor on {where}")
+    if x.numel() == 0:
+        raise ValueError(f"{name} is empty (shape {tuple(x.shape)}); kernels need at least one element")
+    if not x.is_contiguous():
+        raise ValueError(f"{name} must be contiguous; call .contiguous() first (strides {x.stride()})")
+    return x
+
+
+def check_same(x: torch.Tensor, name_x: str, other: torch.Tensor, name_other: str) -> None:
+    """`other` must share `x`'s dtype and device (ValueError naming both otherwise)."""
+    if other.dtype != x.dtype:
+        raise ValueError(f"{name_other} has dtype {other.dtype} but {name_x} has {x.dtype}; they must match")
+    if other.device != x.device:
+        raise ValueError(f"{name_other} is on {other.device} but {name_x} is on {x.device}; they must match")
+
+
+ROW_BLOCK_M: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+"""Rows per program tried by the row-wise kernels (softmax, RMSNorm); short rows share a program."""
+ROW_NUM_WARPS: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+MAX_TILE_ELEMENTS = 16384
+"""Largest multi-row tile (rows x padded columns); a single row may be longer (up to the module's limit)."""
+
+
+def row_tile_configs() -> list[Any]:
+    """Autotune space of the row-wise kernels: BLOCK_M (rows per program) x num_warps."""
+    return [triton.Config({"BLOCK_M": m}, num_warps=w) for m in ROW_BLOCK_M for w in ROW_NUM_WARPS]
+
+
+def default_row_tile(n_rows: int, block_n: int) -> tuple[int, int]:
+    """(BLOCK_M, num_warps) without tuning: a tile of ~4096 elements (or one row), ~16 elements per thread.
+
+    Interpreted, tiles grow to ~65536 elements: the interpreter's cost is mostly per program.
+    """
+    target = 65536 if INTERPRETED else 4096
+    block_m = max(1, min(ROW_BLOCK_M[-1], target // block_n, triton.next_power_of_2(n_rows)))
+    warps = max(1, (block_m * block_n) // (32 * 16))
+    return block_m, min(ROW_NUM_WARPS[-1], 1 << (warps.bit_length() - 1))
+
+
+def keep_row_tiles(configs: list[Any], n_rows: int, block_n: int) -> list[Any]:
+    """Prune the row-tile space for one shape; interpreted, keep only `default_row_tile`.
+
+    Kept: BLOCK_M no larger than the rows present, multi-row tiles of at most MAX_TILE_ELEMENTS,
+    and 4 to 64 elements per thread (fewer wastes threads, more spills registers).
+    """
+    block_m, warps = default_row_tile(n_rows, block_n)
+    fallback = [triton.Config({"BLOCK_M": block_m}, num_warps=warps)]
+    if INTERPRETED:  # the interpreter would run every config on the CPU
+        return fallback
+    kept = []
+    for config in configs:
+        m, w = config.kwargs["BLOCK_M"], config.num_warps
+        tile = m * block_n
+        if m > triton.next_power_of_2(n_rows) or (m > 1 and tile > MAX_TILE_ELEMENTS):
+            continue
+        if 4 <= tile // (32 * w) <= 64:
+            kept.append(config)
+    return kept or fallback

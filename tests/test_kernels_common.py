@@ -1,0 +1,187 @@
+"""Shared kernel machinery: Triton set-up, input checks, tolerances, row-tile pruning; the byte tally helper.
+
+`tally_bytes` (used by the other kernel tests) runs a function under a TorchDispatchMode and records,
+for every aten op, the bytes of its tensor inputs (read) and outputs (written): the traffic of an
+eager program, op by op, to check the byte cost models against.
+"""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from mlsys import env
+from mlsys.kernels import _triton
+from mlsys.kernels._triton import (
+    INTERPRETED,
+    KERNEL_DTYPES,
+    TOLERANCES,
+    check_input,
+    check_same,
+    default_row_tile,
+    keep_row_tiles,
+    row_tile_configs,
+)
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    # a 0-d tensor is a scalar handed to the kernel as an argument, not memory traffic
+    return 0 if t.dim() == 0 else t.numel() * t.element_size()
+
+
+class ByteTally(TorchDispatchMode):
+    """Records (op name, bytes read, bytes written, largest tensor's numel) for every aten op run inside."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list[tuple[str, int, int, int]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        ins = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
+        largest = max((t.numel() for t in ins + outs), default=0)
+        self.ops.append((str(func.overloadpacket.__name__), sum(map(_nbytes, ins)), sum(map(_nbytes, outs)), largest))
+        return out
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(r + w for _, r, w, _ in self.ops)
+
+
+def tally_bytes(fn, *args) -> ByteTally:
+    """Run fn(*args) under a ByteTally and return it."""
+    with ByteTally() as tally:
+        fn(*args)
+    return tally
+
+
+def test_tally_counts_reads_and_writes_of_each_op():
+    a, b = torch.ones(3, 5), torch.ones(1, 5, dtype=torch.float16)
+    tally = tally_bytes(lambda: torch.exp(a + b))
+    # add reads 15*4 + 5*2 bytes and writes 15*4; exp reads and writes 15*4
+    assert [(name, r, w) for name, r, w, _ in tally.ops] == [("add", 70, 60), ("exp", 60, 60)]
+    assert tally.total_bytes == 250
+
+
+def test_triton_is_set_up_before_import():
+    assert _triton.HAS_TRITON == env.has_triton()
+    assert INTERPRETED == (env.device() != "cuda")
+    if INTERPRETED:
+        assert os.environ["TRITON_INTERPRET"] == "1"
+
+
+def test_tolerances_cover_every_kernel_dtype_and_exceed_one_rounding():
+    assert set(TOLERANCES) == set(KERNEL_DTYPES)
+    for dtype, tol in TOLERANCES.items():
+        # an output rounded once to `dtype` is off by up to half an ulp, eps/2 relative
+        assert tol["rtol"] >= torch.finfo(dtype).eps / 2, dtype
+    ordered = [TOLERANCES[d]["rtol"] for d in (torch.float32, torch.float16, torch.bfloat16)]
+    assert ordered == sorted(ordered)
+
+
+WRONG_DTYPE = "^x has dtype torch.int32; expected one of float16, bfloat16, float32$"
+
+
+@pytest.mark.parametrize(
+    ("x", "error", "message"),
+    [
+        ([1.0, 2.0], TypeError, "x must be a torch.Tensor, got list"),
+        (torch.ones(3, dtype=torch.int32), TypeError, WRONG_DTYPE),
+        (torch.ones(3, dtype=torch.float64), TypeError, "x has dtype torch.float64"),
+        (torch.ones(4, 3).t(), ValueError, r"x must be contiguous; call \.contiguous\(\) first"),
+        (torch.ones(0, 3), ValueError, r"x is empty \(shape \(0, 3\)\)"),
+        (torch.tensor(1.0), ValueError, "x must have at least 1 dimension"),
+    ],
+)
+def test_check_input_names_the_argument_and_the_rule(x, error, message):
+    with pytest.raises(error, match=message):
+        check_input(x, "x")
+
+
+@pytest.mark.skipif(not INTERPRETED, reason="the interpreter's bf16 rule applies only when interpreted")
+def test_bf16_is_refused_by_the_interpreter():
+    with pytest.raises(TypeError, match="bfloat16, which Triton's CPU interpreter computes wrongly"):
+        check_input(torch.ones(3, dtype=torch.bfloat16), "x")
+
+
+@pytest.mark.skipif(INTERPRETED, reason="under the interpreter CPU tensors are accepted")
+def test_cpu_tensors_are_refused_when_compiled():
+    with pytest.raises(ValueError, match="x is on cpu; Triton kernels here need a tensor on a CUDA device"):
+        check_input(torch.ones(3), "x")
+
+
+def test_check_same_compares_dtype():
+    with pytest.raises(ValueError, match="weight has dtype torch.float16 but x has torch.float32"):
+        check_same(torch.ones(2), "x", torch.ones(2, dtype=torch.float16), "weight")
+    check_same(torch.ones(2), "x", torch.zeros(5), "weight")  # same dtype and device: no error
+
+
+def test_missing_triton_is_a_clear_error_never_a_silent_fallback(monkeypatch):
+    from mlsys.kernels.elementwise import repeat_unary
+    from mlsys.kernels.rmsnorm import rmsnorm
+    from mlsys.kernels.softmax import softmax
+
+    monkeypatch.setattr(_triton, "HAS_TRITON", False)
+    x = torch.ones(2, 3)
+    with pytest.raises(RuntimeError, match=r"Triton is not installed \(Linux only\); use softmax_ref"):
+        softmax(x)
+    with pytest.raises(RuntimeError, match="use rmsnorm_ref"):
+        rmsnorm(x, torch.ones(3))
+    with pytest.raises(RuntimeError, match="use repeat_unary_ref"):
+        repeat_unary(x, 1)
+
+
+@pytest.mark.parametrize("n_rows", [1, 3, 1000, 100_000])
+@pytest.mark.parametrize("block_n", [1, 64, 1024, 4096, 65536])
+def test_row_tile_pruning_keeps_sane_tiles(monkeypatch, n_rows, block_n):
+    monkeypatch.setattr(_triton, "INTERPRETED", False)
+    kept = keep_row_tiles(row_tile_configs(), n_rows, block_n)
+    assert kept, "pruning must leave at least one config"
+    fallback = default_row_tile(n_rows, block_n)
+    for config in kept:
+        m, w = config.kwargs["BLOCK_M"], config.num_warps
+        assert m <= max(1, 2 ** (n_rows - 1).bit_length())
+        assert m == 1 or m * block_n <= _triton.MAX_TILE_ELEMENTS
+        assert 4 <= m * block_n // (32 * w) <= 64 or (m, w) == fallback
+    block_m, warps = default_row_tile(n_rows, block_n)
+    tile = block_m * block_n
+    assert tile <= max(block_n, 4096)
+    # as many rows as fit in ~4096 elements, unless the rows or the BLOCK_M range run out first
+    assert 2 * tile > 4096 or block_m >= n_rows or block_m == _triton.ROW_BLOCK_M[-1]
+    # 16 to 32 elements per thread, unless num_warps hits its range
+    assert 16 <= tile / (32 * warps) < 32 or warps in (1, _triton.ROW_NUM_WARPS[-1])
+
+
+def test_interpreted_pruning_keeps_one_config(monkeypatch):
+    monkeypatch.setattr(_triton, "INTERPRETED", True)
+    kept = keep_row_tiles(row_tile_configs(), 1823, 1024)
+    assert len(kept) == 1
+    assert kept[0].kwargs["BLOCK_M"] == default_row_tile(1823, 1024)[0] == 64
+
+
+def test_kernel_modules_import_without_triton():
+    # macOS and Windows have no Triton: modules must import, references work, launchers say what to use
+    code = (
+        "import sys; sys.modules['triton'] = None\n"
+        "import torch\n"
+        "from mlsys.kernels import _triton, benchmark, softmax\n"
+        "assert not _triton.HAS_TRITON and not _triton.INTERPRETED\n"
+        "x = torch.randn(3, 5)\n"
+        "assert torch.allclose(softmax.softmax_ref(x).sum(-1), torch.ones(3))\n"
+        "try:\n"
+        "    softmax.softmax(x)\n"
+        "except RuntimeError as e:\n"
+        "    print(e)\n"
+    )
+    env_vars = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env_vars, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "Triton is not installed (Linux only); use softmax_ref" in done.stdout

@@ -1,0 +1,344 @@
+"""Tests for mlsys.precision: formats against IEEE definitions and torch.finfo, exact rounding against
+torch casts, and running-sum predictions against measured torch sums."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import pytest
+import torch
+
+from mlsys import precision as P
+
+TORCH_FORMATS = [name for name, f in P.FORMATS.items() if f.torch_dtype is not None]
+SMALL_FORMATS = ["fp16", "bf16", "fp8_e4m3", "fp8_e5m2"]  # few enough bit patterns to enumerate
+INT_VIEW = {8: torch.uint8, 16: torch.int16, 32: torch.int32, 64: torch.int64}
+
+
+def _finite_values(name: str) -> torch.Tensor:
+    """Every finite value of an 8- or 16-bit format, ascending, as float64 (from its bit patterns)."""
+    f = P.FORMATS[name]
+    patterns = torch.arange(2**f.bits, dtype=torch.int64)
+    if f.bits == 16:
+        patterns = torch.where(patterns >= 2**15, patterns - 2**16, patterns)
+    values = patterns.to(INT_VIEW[f.bits]).view(f.dtype).double()
+    return torch.unique(values[torch.isfinite(values)])  # sorted; +0 and -0 merge
+
+
+def _bits_of(value: float, name: str) -> int:
+    f = P.FORMATS[name]
+    raw = torch.tensor([value], dtype=torch.float64).to(f.dtype).view(INT_VIEW[f.bits]).item()
+    return raw % 2**f.bits
+
+
+# ---------------------------------------------------------------- the format table
+
+
+@pytest.mark.parametrize("name", TORCH_FORMATS)
+def test_table_matches_torch_finfo(name):
+    f = P.FORMATS[name]
+    info = torch.finfo(f.dtype)
+    assert (f.bits, f.max, f.smallest_normal, f.eps) == (info.bits, info.max, info.smallest_normal, info.eps)
+    assert -f.max == info.min
+    # The smallest subnormal is the bit pattern 0...01.
+    one = torch.ones(1, dtype=INT_VIEW[f.bits]).view(f.dtype).item()
+    assert f.smallest_subnormal == one
+
+
+def test_table_matches_ieee_definitions():
+    fp16, bf16, fp32, tf32 = (P.FORMATS[k] for k in ("fp16", "bf16", "fp32", "tf32"))
+    assert fp16.max == (2 - 2**-10) * 2**15 and fp16.bias == 15
+    assert fp16.smallest_normal == 2**-14 and fp16.smallest_subnormal == 2**-24
+    assert fp32.max == (2 - 2**-23) * 2.0**127 and fp32.smallest_subnormal == 2.0**-149
+    assert bf16.eps == 2**-7 and bf16.smallest_normal == fp32.smallest_normal
+    # tf32: fp32's 8-bit exponent with fp16's 10-bit mantissa, 19 bits in all.
+    assert (tf32.bits, tf32.bias, tf32.eps) == (19, 127, 2**-10)
+    assert tf32.max == (2 - 2**-10) * 2.0**127 and tf32.smallest_normal == 2.0**-126
+    assert tf32.smallest_subnormal == 2.0**-136
+    e4m3, e5m2 = P.FORMATS["fp8_e4m3"], P.FORMATS["fp8_e5m2"]
+    assert e4m3.max == 1.75 * 2**8 and e4m3.emax == 8  # all-ones exponent used; mantissa 111 is NaN
+    assert e5m2.max == 1.75 * 2**15 and e5m2.emax == 15  # IEEE-style: all-ones exponent is inf/NaN
+    assert [row["format"] for row in P.format_table()] == list(P.FORMATS)
+    for row in P.format_table():
+        assert row["bits"] == 1 + row["exponent_bits"] + row["mantissa_bits"]
+        assert row["eps"] == 2.0 ** -row["mantissa_bits"]
+        assert row["smallest_subnormal"] == row["smallest_normal"] * row["eps"]
+
+
+def test_format_lookup_and_bad_formats():
+    assert P.get_format(torch.bfloat16) is P.FORMATS["bf16"]
+    assert P.get_format("float8_e4m3fn") is P.FORMATS["fp8_e4m3"]
+    assert P.get_format("half") is P.FORMATS["fp16"]
+    for bad in ("int8", "fp12", torch.int32):
+        with pytest.raises(ValueError, match="fmt=.*not a floating-point format"):
+            P.get_format(bad)
+    with pytest.raises(ValueError, match="mantissa_bits"):
+        P.FloatFormat("odd", 4, 0)
+    with pytest.raises(ValueError, match="tf32 has no torch dtype"):
+        _ = P.FORMATS["tf32"].dtype
+
+
+# ---------------------------------------------------------------- rounding, ulp, bits
+
+
+@pytest.mark.parametrize("name", ["fp32", *SMALL_FORMATS])
+def test_round_to_matches_torch_cast(name):
+    f = P.FORMATS[name]
+    g = torch.Generator().manual_seed(1)
+    # Magnitudes from below the smallest subnormal to beyond max, both signs.
+    lo, hi = math.log2(f.smallest_subnormal) - 2, math.log2(f.max) + 1
+    source = torch.float64 if name == "fp32" else torch.float32  # a cast that rounds once
+    mags = torch.exp2(lo + (hi - lo) * torch.rand(3000, generator=g, dtype=torch.float64))
+    signs = torch.where(torch.rand(3000, generator=g) < 0.5, -1.0, 1.0).double()
+    x = (mags * signs).to(source)
+    x = x[torch.isfinite(x)]
+    expected = x.to(f.dtype).double().tolist()
+    assert [P.round_to(v, name) for v in x.tolist()] == expected
+
+
+@pytest.mark.parametrize("name", SMALL_FORMATS)
+def test_round_to_ties_go_to_even(name):
+    values = _finite_values(name)
+    step = max(1, len(values) // 6000)  # every tie of the fp8 formats, a spread of 6000 for 16 bits
+    lower, upper = values[:-1][::step], values[1:][::step]
+    mids = ((lower + upper) / 2).float()  # exact: one more bit than the format holds
+    assert torch.equal(mids.double(), (lower + upper) / 2)
+    expected = mids.to(P.FORMATS[name].dtype).double().tolist()
+    got = [P.round_to(v, name) for v in mids.tolist()]
+    assert got == expected
+    # The winner of every finite tie has an even mantissa field (last bit 0).
+    for v in got[:: max(1, len(got) // 500)]:
+        if math.isfinite(v) and abs(v) < P.FORMATS[name].max:
+            assert P.decompose(v, name).mantissa[-1] == "0"
+
+
+def test_round_to_special_values():
+    assert P.round_to(65519.0, "fp16") == 65504.0  # below max + ulp/2 = 65520
+    assert P.round_to(65520.0, "fp16") == math.inf  # the tie rounds to even: 2^16, which overflows
+    assert P.round_to(1e-8, "fp16") == 0.0 and P.round_to(1e-8, "bf16") != 0.0
+    assert math.copysign(1.0, P.round_to(-1e-9, "fp16")) == -1.0  # underflow keeps the sign
+    assert P.round_to(2049.0, "fp16") == 2048.0 and P.round_to(2051.0, "fp16") == 2052.0
+    assert P.round_to(math.inf, "fp8_e4m3") == 448.0 and P.round_to(-1e6, "fp8_e4m3") == -448.0
+    assert P.round_to(math.inf, "fp16") == math.inf and math.isnan(P.round_to(math.nan, "bf16"))
+
+
+@pytest.mark.parametrize("name", ["fp32", "fp64"])
+def test_ulp_matches_nextafter(name):
+    dtype = P.FORMATS[name].dtype
+    g = torch.Generator().manual_seed(2)
+    x = torch.exp2(torch.randint(-140, 120, (500,), generator=g).double()) * (
+        1 + torch.rand(500, generator=g, dtype=torch.float64))
+    x = torch.cat([x.to(dtype), torch.tensor([0.0, 1.0, 2.0**-149], dtype=dtype)])
+    gap = (torch.nextafter(x, torch.full_like(x, math.inf)) - x).double().tolist()
+    assert [P.ulp(v, name) for v in x.double().tolist()] == gap
+
+
+@pytest.mark.parametrize("name", SMALL_FORMATS)
+def test_ulp_is_the_gap_to_the_next_bit_pattern(name):
+    values = _finite_values(name)
+    positive = values[values >= 0]
+    gaps = (positive[1:] - positive[:-1]).tolist()
+    assert [P.ulp(v, name) for v in positive[:-1].tolist()] == gaps
+    with pytest.raises(ValueError, match="outside"):
+        P.ulp(2 * P.FORMATS[name].max, name)
+
+
+@pytest.mark.parametrize("name", TORCH_FORMATS)
+def test_decompose_round_trips_and_matches_torch_bits(name):
+    f = P.FORMATS[name]
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(300, generator=g, dtype=torch.float64) * torch.exp2(
+        torch.randint(-30, 30, (300,), generator=g).double())
+    values = x.tolist() + [0.0, -0.0, f.smallest_subnormal, f.smallest_normal, f.max, -f.max, 1.0]
+    for v in values:
+        bits = P.decompose(v, name)
+        stored = P.round_to(v, name)
+        assert bits.reconstruct() == stored and math.copysign(1, bits.reconstruct()) == math.copysign(1, stored)
+        assert len(bits.pattern.replace(" ", "")) == f.bits
+        assert int(bits.pattern.replace(" ", ""), 2) == _bits_of(stored, name)
+
+
+def test_decompose_kinds():
+    assert P.decompose(1.0, "fp16").pattern == "0 01111 0000000000"
+    assert P.decompose(1.0, "fp16").unbiased_exponent == 0
+    assert P.decompose(2**-24, "fp16").kind == "subnormal"
+    assert P.decompose(1e-8, "fp16").kind == "zero"
+    assert P.decompose(1e5, "fp16").kind == "inf" and P.decompose(1e5, "fp16").unbiased_exponent is None
+    assert P.decompose(1e5, "fp8_e4m3").value == 448.0
+    assert P.decompose(math.nan, "fp8_e4m3").pattern == "0 1111 111"
+    assert math.isnan(P.decompose(math.nan, "fp16").reconstruct())
+
+
+# ---------------------------------------------------------------- running sums
+
+
+def _steps_to_plateau(addend: float, fmt: str) -> int:
+    """Enough additions to reach the plateau: every step adds at least about a/2 on the way."""
+    return min(20_000, math.ceil(2.2 * P.plateau_value(P.round_to(addend, fmt), fmt) / addend))
+
+
+@pytest.mark.parametrize("addend", [0.01, 0.001, 0.1, 1 / 3])
+@pytest.mark.parametrize("fmt", ["fp16", "bf16", "fp32"])
+def test_plateau_prediction_equals_measured_sum(addend, fmt):
+    n = 3000 if fmt == "fp32" else _steps_to_plateau(addend, fmt)
+    predicted = P.plateau_sum(addend, n, fmt)
+    measured = P.running_sum(addend, n, fmt)
+    assert measured.dtype == P.FORMATS[fmt].dtype
+    assert measured.double().tolist() == predicted.trajectory()  # bit for bit, every step
+    assert measured[-1].item() == predicted.final
+    if fmt == "fp32":
+        assert predicted.stall_step is None
+    else:
+        assert predicted.stall_step is not None and predicted.final == P.plateau_value(predicted.addend, fmt)
+        # The addition after the stall is the first that is below half an ulp of the sum.
+        assert predicted.addend <= P.ulp(predicted.final, fmt) / 2
+        assert measured[predicted.stall_step - 1].item() == predicted.final
+        assert measured[predicted.stall_step - 2].item() < predicted.final
+
+
+@pytest.mark.parametrize("addend_fmt", ["fp16", "bf16"])
+@pytest.mark.parametrize("explicit_cast", [False, True])
+def test_fp32_accumulator_with_low_precision_addends(addend_fmt, explicit_cast):
+    predicted = P.plateau_sum(0.01, 1000, "fp32", addend_format=addend_fmt)
+    measured = P.running_sum(0.01, 1000, addend_fmt, "fp32", explicit_cast=explicit_cast)
+    assert measured.dtype == torch.float32
+    assert measured.double().tolist() == predicted.trajectory()
+    # Partial sums k * a need few bits, so fp32 holds them exactly: only the stored addend's error is left.
+    assert predicted.final == predicted.exact == 1000 * P.round_to(0.01, addend_fmt)
+
+
+def _stepwise(addend: float, n: int, fmt: str) -> list[float]:
+    """The recurrence s <- round(s + a), one exact rounding per step (independent of the binade rule)."""
+    s, out = Fraction(0), []
+    for _ in range(n):
+        s = Fraction(P.round_to(float(s + Fraction(addend)), fmt))  # s + a is exact in float64 here
+        out.append(float(s))
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["tf32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2"])
+@pytest.mark.parametrize("addend", [1.0, 0.01, 3 * 2**-12, -0.3, 1.5 * 2**-9, 7.0])
+def test_binade_rule_equals_stepwise_rounding(fmt, addend):
+    stored = P.round_to(addend, fmt)
+    n = 1500
+    predicted = P.plateau_sum(addend, n, fmt)
+    assert predicted.addend == stored
+    assert predicted.trajectory() == _stepwise(stored, n, fmt)
+
+
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "fp8_e5m2"])
+def test_fp8_prediction_equals_torch_cast_arithmetic(fmt):
+    # torch has no fp8 addition; fp8 "arithmetic" is an exact fp32 add followed by torch's cast.
+    dtype = P.FORMATS[fmt].dtype
+    a = torch.tensor(0.01).to(dtype)
+    s, measured = torch.zeros((), dtype=dtype), []
+    for _ in range(200):
+        s = (s.float() + a.float()).to(dtype)
+        measured.append(s.float().item())
+    assert measured == P.plateau_sum(0.01, 200, fmt).trajectory()
+
+
+@pytest.mark.parametrize(("addend", "fmt"), [(1000.0, "fp16"), (977.0, "fp16"), (1e37, "bf16"), (3e37, "fp32")])
+def test_overflow_to_infinity_is_predicted(addend, fmt):
+    predicted = P.plateau_sum(addend, 120, fmt)
+    measured = P.running_sum(addend, 120, fmt)
+    assert measured.double().tolist() == predicted.trajectory()
+    assert predicted.final == math.inf and predicted.stall_step is not None
+
+
+def test_fp8_e4m3_saturates_instead_of_overflowing():
+    dtype = P.FORMATS["fp8_e4m3"].dtype
+    a = torch.tensor(60.0).to(dtype)
+    s, measured = torch.zeros((), dtype=dtype), []
+    for _ in range(12):
+        s = (s.float() + a.float()).to(dtype)  # torch's cast saturates at 448
+        measured.append(s.float().item())
+    predicted = P.plateau_sum(60.0, 12, "fp8_e4m3")
+    assert measured == predicted.trajectory() and predicted.final == 448.0
+
+
+def test_plateau_value_closed_form():
+    assert P.plateau_value(1.0, "fp16") == 2.0**11  # 2^(0 + 10 + 1): 2048 + 1 is a tie, kept at 2048
+    prediction = P.plateau_sum(1.0, 3000, "fp16")
+    assert (prediction.stall_step, prediction.final) == (2048, 2048.0)
+    assert P.plateau_value(0.01, "bf16") == 2.0 ** (-7 + 7 + 2)
+    assert P.plateau_value(0.01, "fp16") == P.plateau_value(0.01, "tf32")  # same mantissa width
+    assert P.plateau_value(1000.0, "fp8_e4m3") == 448.0  # saturates before the plateau
+    with pytest.raises(ValueError, match="addend=0.0 must be a finite positive"):
+        P.plateau_value(0.0, "fp16")
+
+
+def test_negative_addend_mirrors():
+    up, down = P.plateau_sum(0.01, 1000, "bf16"), P.plateau_sum(-0.01, 1000, "bf16")
+    assert down.trajectory() == [-v for v in up.trajectory()] and down.stall_step == up.stall_step
+    assert P.running_sum(-0.01, 1000, "bf16")[-1].item() == down.final
+
+
+def test_kahan_beats_naive_and_meets_its_bound():
+    g = torch.Generator().manual_seed(4)
+    for values in (torch.full((1000,), 0.01), torch.rand(3000, generator=g, dtype=torch.float64)):
+        for fmt in ("fp16", "bf16"):
+            stored = values.to(P.FORMATS[fmt].dtype)
+            exact = float(sum(Fraction(v) for v in stored.double().tolist()))
+            naive = P.sequential_sum(stored, fmt).item()
+            kahan = P.kahan_sum(values, fmt)
+            assert kahan.dtype == P.FORMATS[fmt].dtype
+            error = abs(kahan.item() - exact)
+            assert error < abs(naive - exact)
+            # First-order bound for compensated summation (Higham 2002, sec. 4.3): 2u * sum|x_i|.
+            assert error <= 2 * P.FORMATS[fmt].unit_roundoff * exact
+
+
+def test_sequential_sum_meets_recursive_bound():
+    g = torch.Generator().manual_seed(5)
+    values = torch.rand(8, 512, generator=g).half()
+    exact = values.double().sum(-1)
+    for fmt in ("fp16", "bf16", "fp32"):
+        got = P.sequential_sum(values, fmt)
+        assert got.shape == (8,) and got.dtype == P.FORMATS[fmt].dtype
+        bound = P.recursive_sum_error_bound(512, fmt) * exact  # all terms positive: sum|x| = sum x
+        assert torch.all((got.double() - exact).abs() <= bound)
+    assert P.recursive_sum_error_bound(2049, "fp16") == math.inf  # (n-1) u = 1: the bound says nothing
+
+
+def test_stochastic_round_is_unbiased_and_lands_on_neighbours():
+    g = torch.Generator().manual_seed(6)
+    x = torch.full((20_000,), 1.0 + 2**-9)  # between bf16 neighbours 1 and 1 + 2^-7, a quarter of the way
+    out = P.stochastic_round(x, "bf16", generator=g)
+    assert set(out.tolist()) == {1.0, 1.0 + 2**-7}
+    # Bernoulli(1/4) draws: the mean lies within 5 standard errors of x.
+    std_error = 2**-7 * math.sqrt(0.25 * 0.75 / x.numel())
+    assert abs(out.mean().item() - (1 + 2**-9)) < 5 * std_error
+    again = P.stochastic_round(x, "bf16", generator=torch.Generator().manual_seed(6))
+    assert torch.equal(out, again)
+    y = torch.randn(1000, generator=g, dtype=torch.float64)
+    rounded = P.stochastic_round(y, "fp16", generator=g).tolist()
+    assert all(P.round_to(v, "fp16") == v for v in rounded)
+    assert all(abs(r - v) < P.ulp(v, "fp16") for r, v in zip(rounded, y.tolist(), strict=True))
+    with pytest.raises(TypeError, match="x must be a floating-point tensor"):
+        P.stochastic_round(torch.arange(3), "bf16", generator=g)
+
+
+def test_bad_inputs_raise_clear_errors():
+    with pytest.raises(ValueError, match="n=-1 must be a non-negative integer"):
+        P.plateau_sum(0.01, -1, "fp16")
+    with pytest.raises(ValueError, match="n=2.5"):
+        P.running_sum(0.01, 2.5, "fp16")
+    for bad in (math.nan, math.inf):
+        with pytest.raises(ValueError, match="addend=.* must be finite"):
+            P.plateau_sum(bad, 10, "fp16")
+        with pytest.raises(ValueError, match="addend=.* must be finite"):
+            P.running_sum(bad, 10, "fp16")
+    with pytest.raises(ValueError, match="fmt='fp12'"):
+        P.plateau_sum(0.01, 10, "fp12")
+    with pytest.raises(ValueError, match="dtype='fp8_e4m3': torch has no addition"):
+        P.running_sum(0.01, 10, "fp8_e4m3")
+    with pytest.raises(ValueError, match="accumulator_dtype='tf32'"):
+        P.running_sum(0.01, 10, "fp16", "tf32")
+    with pytest.raises(TypeError, match="values must be a floating-point tensor"):
+        P.kahan_sum(torch.arange(5), "fp16")
+    with pytest.raises(TypeError, match="values must be a floating-point tensor"):
+        P.sequential_sum(torch.tensor(1.0), "fp32")
+    with pytest.raises(ValueError, match="outside fp16's finite range"):
+        P.ulp(math.inf, "fp16")
