@@ -25,7 +25,6 @@ if importlib.util.find_spec("mlsys") is None:
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "git+https://github.com/mlsys-book/mlsys-book.git"], check=True)
 
 # %%
-import mlsys  # noqa: F401 (the template's first import; the modules used are imported below)
 from mlsys import env
 
 print(env.describe())

@@ -2,35 +2,10 @@
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from mlsys import hardware
 from mlsys.accounting import bytes as B
-
-
-class ByteTally(TorchDispatchMode):
-    """Adds up the bytes of every tensor each aten op reads (its tensor inputs) and writes (its outputs).
-
-    Views (outputs that share an input's storage: transpose, expand, reshape without copy) move no
-    data and are skipped.
-    """
-
-    def __init__(self):
-        super().__init__()
-        self.read_bytes = 0
-        self.write_bytes = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-        outputs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-        storages = {t.untyped_storage().data_ptr() for t in inputs}
-        if outputs and all(t.untyped_storage().data_ptr() in storages for t in outputs):
-            return out  # a view
-        self.read_bytes += sum(t.numel() * t.element_size() for t in inputs)
-        self.write_bytes += sum(t.numel() * t.element_size() for t in outputs)
-        return out
+from mlsys.profiling import ByteCounter as ByteTally
 
 
 def test_square_matmul_intensity_is_2n_over_3_bytes():

@@ -89,7 +89,7 @@ def test_eager_chain_bytes_is_what_the_eager_reference_moves(k, dtype, op):
 def test_flops_count_the_eager_ops(op):
     x = torch.ones(3, 7)
     tally = tally_bytes(repeat_unary_ref, x, 4, op)
-    steps = [largest for name, _, _, largest in tally.ops if name in ("add", "cos")]
+    steps = [op.largest_numel for op in tally.ops if op.op in ("add", "cos")]
     per_element = 2 if op == "fma" else 1  # a multiply-add is 2 FLOPs; cos is counted as one op
     assert repeat_unary_flops(x.numel(), 4, op) == per_element * sum(steps) == per_element * 4 * x.numel()
 

@@ -1,8 +1,7 @@
-"""Shared kernel machinery: Triton set-up, input checks, tolerances, row-tile pruning; the byte tally helper.
+"""Shared kernel machinery: Triton set-up, input checks, tolerances, row-tile pruning.
 
-`tally_bytes` (used by the other kernel tests) runs a function under a TorchDispatchMode and records,
-for every aten op, the bytes of its tensor inputs (read) and outputs (written): the traffic of an
-eager program, op by op, to check the byte cost models against.
+`tally_bytes` (used by the other kernel tests) runs a function under `mlsys.profiling.ByteCounter`,
+which records the bytes every aten op reads and writes, to check the byte cost models against.
 """
 
 import os
@@ -11,8 +10,6 @@ import sys
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
 from mlsys import env
 from mlsys.kernels import _triton
@@ -26,48 +23,21 @@ from mlsys.kernels._triton import (
     keep_row_tiles,
     row_tile_configs,
 )
+from mlsys.profiling import ByteCounter, count_bytes
 
 needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 
-def _nbytes(t: torch.Tensor) -> int:
-    # a 0-d tensor is a scalar handed to the kernel as an argument, not memory traffic
-    return 0 if t.dim() == 0 else t.numel() * t.element_size()
-
-
-class ByteTally(TorchDispatchMode):
-    """Records (op name, bytes read, bytes written, largest tensor's numel) for every aten op run inside."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops: list[tuple[str, int, int, int]] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        out = func(*args, **kwargs)
-        ins = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-        outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
-        largest = max((t.numel() for t in ins + outs), default=0)
-        self.ops.append((str(func.overloadpacket.__name__), sum(map(_nbytes, ins)), sum(map(_nbytes, outs)), largest))
-        return out
-
-    @property
-    def total_bytes(self) -> int:
-        return sum(r + w for _, r, w, _ in self.ops)
-
-
-def tally_bytes(fn, *args) -> ByteTally:
-    """Run fn(*args) under a ByteTally and return it."""
-    with ByteTally() as tally:
-        fn(*args)
-    return tally
+def tally_bytes(fn, *args) -> ByteCounter:
+    """Run fn(*args) under a ByteCounter and return it."""
+    return count_bytes(fn, *args)
 
 
 def test_tally_counts_reads_and_writes_of_each_op():
     a, b = torch.ones(3, 5), torch.ones(1, 5, dtype=torch.float16)
     tally = tally_bytes(lambda: torch.exp(a + b))
     # add reads 15*4 + 5*2 bytes and writes 15*4; exp reads and writes 15*4
-    assert [(name, r, w) for name, r, w, _ in tally.ops] == [("add", 70, 60), ("exp", 60, 60)]
+    assert [(op.op, op.read_bytes, op.write_bytes) for op in tally.ops] == [("add", 70, 60), ("exp", 60, 60)]
     assert tally.total_bytes == 250
 
 

@@ -27,7 +27,8 @@ def glue(name: str, value: T) -> T:
 class Table:
     """A small table that renders as HTML in the book and in Jupyter, and as aligned text in a terminal.
 
-    Cells are shown with `str()`; format numbers before passing them in.
+    Cells are shown with `str()`; format numbers before passing them in. Text in backticks is
+    rendered as code in HTML.
     """
 
     def __init__(self, header: list[object], rows: list[list[object]]):
@@ -38,11 +39,15 @@ class Table:
                 raise ValueError(f"row {i} has {len(row)} cells for {len(self.header)} columns")
 
     def _repr_html_(self) -> str:
+        import re
         from html import escape
 
+        def html(text: str) -> str:
+            return re.sub(r"`([^`]+)`", r"<code>\1</code>", escape(text))
+
         cell = 'style="white-space:nowrap; padding:0.15em 0.6em; text-align:left"'
-        head = "".join(f"<th {cell}>{escape(h)}</th>" for h in self.header)
-        body = "".join("<tr>" + "".join(f"<td {cell}>{escape(c)}</td>" for c in row) + "</tr>" for row in self.rows)
+        head = "".join(f"<th {cell}>{html(h)}</th>" for h in self.header)
+        body = "".join("<tr>" + "".join(f"<td {cell}>{html(c)}</td>" for c in row) + "</tr>" for row in self.rows)
         table = f'<table style="font-size:0.85em"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
         return f'<div style="overflow-x:auto">{table}</div>'
 

@@ -22,27 +22,18 @@ COLORS = {
 }
 CYCLE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"]
 
-_RC = {
-    "figure.dpi": 110,
-    "savefig.dpi": 110,
-    "font.size": 10,
-    "axes.titlesize": 11,
-    "axes.labelsize": 10,
-    "axes.spines.top": False,
-    "axes.spines.right": False,
-    "axes.grid": True,
-    "grid.alpha": 0.3,
-    "legend.frameon": False,
-    "legend.fontsize": 9,
-}
+DPI = 110
 
 
 def subplots(nrows: int = 1, ncols: int = 1, *, width: float = 6.4, height: float = 3.8, **kwargs: Any):
-    """`plt.subplots` in the house style; returns (figure, axes). Sizes are inches per whole figure."""
+    """`plt.subplots` in the house style; returns (figure, axes). Sizes are inches per whole figure.
+
+    The style is applied to the new axes directly (no `rc_context`: leaving one resets pyplot's
+    interactive state, and later figures in a notebook would no longer display).
+    """
     if nrows < 1 or ncols < 1:
         raise ValueError(f"nrows ({nrows}) and ncols ({ncols}) must be at least 1")
-    with plt.rc_context(_RC):
-        fig, axes = plt.subplots(nrows, ncols, figsize=(width, height), layout="constrained", **kwargs)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width, height), dpi=DPI, layout="constrained", **kwargs)
     for ax in fig.axes:
         ax.set_prop_cycle(color=CYCLE)
         ax.grid(True, alpha=0.3, which="major")
@@ -73,7 +64,7 @@ def finish(
     if logy:
         ax.set_yscale("log", base=10 if logy is True else logy)
     if legend and ax.get_legend_handles_labels()[0]:
-        ax.legend()
+        ax.legend(frameon=False, fontsize=9)
 
 
 def stacked_bars(ax, labels: Sequence[str], parts: dict[str, Sequence[float]], *, ylabel: str = "") -> None:

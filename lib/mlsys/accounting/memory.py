@@ -7,7 +7,7 @@ and two fp32 Adam moments): the "16 N" of the ZeRO paper (Rajbhandari et al., 20
 Activations, temporary buffers, allocator fragmentation and the CUDA context come on top and are
 not counted here.
 
-Used in: §sec-transformer-accounting (chapter 02), the mixed-precision and ZeRO/FSDP chapters.
+Used in: §sec-tensors-memory (chapter 02), the mixed-precision and ZeRO/FSDP chapters.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ The same formula is checked against `sum(p.numel())` of the real module in the t
 math and the model cannot drift apart. Pure Python: the config is duck-typed (anything with
 `vocab_size`, `d_model`, `n_layers`, `d_ff` attributes), nothing is imported from `mlsys.models`.
 
-Used in: §sec-transformer-accounting (chapter 02), and the FLOP and memory chapters.
+Used in: §sec-tensors-memory (chapter 02), and the FLOP and memory chapters.
 """
 
 from __future__ import annotations

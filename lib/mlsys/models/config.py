@@ -6,7 +6,7 @@ CS336 (2025), assignment 2, whose sizes are those of GPT-2 small ... XL plus a 2
 10,000-token vocabulary and a context of 1,024 tokens. The default (`debug`) runs on a CPU in
 milliseconds.
 
-Used in: §sec-transformer-accounting (chapter 02) and every chapter that builds or costs a model.
+Used in: §sec-tensors-memory (chapter 02) and every chapter that builds or costs a model.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ The model builds on the meta device without allocating (`with torch.device("meta
 after `model.to_empty(device=...)`, call `model.init_weights(seed=...)` to fill weights and RoPE tables.
 Parameter counts come from `mlsys.accounting.params`, the one formula the tests check against this module.
 
-Used in: §sec-transformer-accounting (chapter 02) and the attention, precision and parallelism chapters.
+Used in: §sec-tensors-memory (chapter 02) and the attention, precision and parallelism chapters.
 """
 
 from __future__ import annotations
