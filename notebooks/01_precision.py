@@ -37,6 +37,7 @@ import torch
 from IPython.display import display
 
 from mlsys import precision as P
+from mlsys import summation as S
 from mlsys.book import Table, glue
 from mlsys.plotting import COLORS, CYCLE, finish, subplots
 
@@ -220,8 +221,8 @@ print(f"correctly rounded {once!r}, rounded via fp32 {twice!r}, torch {by_torch!
 napkin_rows = []
 for name, f in P.FORMATS.items():
     stored = P.round_to(ADDEND, f)
-    s_star = P.plateau_value(stored, f)
-    walk = P.plateau_sum(ADDEND, 10**18, f)  # a binade walk: cheap even for 10^18 additions
+    s_star = S.plateau_value(stored, f)
+    walk = S.plateau_sum(ADDEND, 10**18, f)  # a binade walk: cheap even for 10^18 additions
     assert walk.final == s_star and walk.stall_step is not None
     napkin_rows.append([name, repr(stored), show(P.ulp(s_star, f)), show(s_star), f"{walk.stall_step:,}"])
     glue(f"plateau_{name}", s_star)
@@ -239,11 +240,11 @@ Table(["format", f"{ADDEND} stored as", "ulp at plateau", "plateau s*", "additio
 #
 # ## The code
 #
-# ```{literalinclude} ../lib/mlsys/precision.py
+# ```{literalinclude} ../lib/mlsys/summation.py
 # :pyobject: plateau_value
 # ```
 #
-# ```{literalinclude} ../lib/mlsys/precision.py
+# ```{literalinclude} ../lib/mlsys/summation.py
 # :pyobject: plateau_sum
 # ```
 #
@@ -251,7 +252,7 @@ Table(["format", f"{ADDEND} stored as", "ulp at plateau", "plateau s*", "additio
 # torch's own cast. `explicit_cast=True` writes `acc += x.to(acc.dtype)` instead of relying on type promotion
 # in `acc += x`.
 #
-# ```{literalinclude} ../lib/mlsys/precision.py
+# ```{literalinclude} ../lib/mlsys/summation.py
 # :pyobject: running_sum
 # ```
 #
@@ -271,8 +272,8 @@ VARIANTS = [  # (label, addend, n, addend dtype, accumulator dtype, explicit cas
 ]
 results, result_rows = [], []
 for label, a, n, x_dt, acc_dt, explicit in VARIANTS:
-    predicted = P.plateau_sum(a, n, acc_dt, addend_format=x_dt)  # no torch arithmetic involved
-    measured = P.running_sum(a, n, x_dt, acc_dt, explicit_cast=explicit)
+    predicted = S.plateau_sum(a, n, acc_dt, addend_format=x_dt)  # no torch arithmetic involved
+    measured = S.running_sum(a, n, x_dt, acc_dt, explicit_cast=explicit)
     assert measured.double().tolist() == predicted.trajectory()  # every partial sum, bit for bit
     final, intended = measured[-1].item(), n * a
     results.append((label, a, n, predicted, measured))
@@ -298,7 +299,7 @@ for ax, (a, n) in zip(axes, [(ADDEND, N_TERMS), (SMALL_ADDEND, N_SMALL)], strict
         ax.plot(steps, measured.double().tolist(), color=color, lw=3, alpha=0.5, label=f"{fmt} measured")
         ax.plot(steps, predicted.trajectory(), color=COLORS["predicted"], lw=1, ls="--",
                 label="predicted (plateau_sum)" if fmt == "bf16" else None)
-        s_star = P.plateau_value(predicted.addend, fmt)
+        s_star = S.plateau_value(predicted.addend, fmt)
         if s_star <= n * a:
             ax.axhline(s_star, color=color, ls=":", lw=1.2, label=f"{fmt} plateau s*")
     finish(ax, title=f"{a} added {n:,} times", xlabel="additions", ylabel="running sum")
@@ -416,7 +417,7 @@ Table(["rank (smallest error first)", "claimed", "measured", "measured |sum - 10
 # %%
 terms = torch.full((N_TERMS,), ADDEND, dtype=torch.float16)
 torch_sum = terms.sum().item()
-exact_sum = P.plateau_sum(ADDEND, N_TERMS, "fp32", addend_format="fp16").exact
+exact_sum = S.plateau_sum(ADDEND, N_TERMS, "fp32", addend_format="fp16").exact
 assert torch_sum == P.round_to(exact_sum, "fp16")  # an fp32 (or wider) accumulator, rounded once at the end
 glue("torch_sum_fp16", repr(torch_sum))
 print(f"torch.sum of {N_TERMS} fp16 0.01s: {torch_sum!r}; a running fp16 sum: "
@@ -433,7 +434,7 @@ print(f"torch.sum of {N_TERMS} fp16 0.01s: {torch_sum!r}; a running fp16 sum: "
 # $2u\sum|x_i|$ to first order, independent of $n$, against $(n-1)u\sum|x_i|$ for the plain loop
 # {cite}`higham2002accuracy`.
 #
-# ```{literalinclude} ../lib/mlsys/precision.py
+# ```{literalinclude} ../lib/mlsys/summation.py
 # :pyobject: kahan_sum
 # ```
 
@@ -441,8 +442,8 @@ print(f"torch.sum of {N_TERMS} fp16 0.01s: {torch_sum!r}; a running fp16 sum: "
 kahan_rows = []
 for fmt in ("fp16", "bf16"):
     values = torch.full((N_TERMS,), ADDEND)
-    kahan = P.kahan_sum(values, fmt).item()
-    exact = P.plateau_sum(ADDEND, N_TERMS, "fp64", addend_format=fmt).exact
+    kahan = S.kahan_sum(values, fmt).item()
+    exact = S.plateau_sum(ADDEND, N_TERMS, "fp64", addend_format=fmt).exact
     naive = by_key[(fmt, ADDEND)][4][-1].item()
     assert abs(kahan - exact) <= 2 * P.FORMATS[fmt].unit_roundoff * exact < abs(naive - exact)
     glue(f"kahan_{fmt}", repr(kahan))
@@ -476,16 +477,16 @@ curves = {"fp16 products, fp16 sum": [], "fp16, Kahan": [], "exact products, fp3
 for K in DOT_LENGTHS:
     a_k, b_k = A[:, :K], b[:K]
     reference = a_k.double() @ b_k.double()  # exact: 22-bit products, sums well inside float64
-    got = {"fp16 products, fp16 sum": P.sequential_sum(a_k * b_k, "fp16"),
-           "fp16, Kahan": P.kahan_sum(a_k * b_k, "fp16"),
-           "exact products, fp32 sum": P.sequential_sum(a_k.float() * b_k.float(), "fp32"),
+    got = {"fp16 products, fp16 sum": S.sequential_sum(a_k * b_k, "fp16"),
+           "fp16, Kahan": S.kahan_sum(a_k * b_k, "fp16"),
+           "exact products, fp32 sum": S.sequential_sum(a_k.float() * b_k.float(), "fp32"),
            f"torch.matmul fp16 ({dev})": (a_k.to(dev) @ b_k.to(dev)).cpu()}
     for name, value in got.items():
         curves[name].append(((value.double() - reference).abs() / reference).max().item())
     # Higham's bounds hold: gamma_(K-1) for the fp32 sum of exact products, gamma_K when each product is
     # rounded to fp16 first (one more rounding per term).
-    assert curves["exact products, fp32 sum"][-1] <= P.recursive_sum_error_bound(K, "fp32")
-    assert curves["fp16 products, fp16 sum"][-1] <= P.recursive_sum_error_bound(K + 1, "fp16")
+    assert curves["exact products, fp32 sum"][-1] <= S.recursive_sum_error_bound(K, "fp32")
+    assert curves["fp16 products, fp16 sum"][-1] <= S.recursive_sum_error_bound(K + 1, "fp16")
 glue("dot_fp16_error", curves["fp16 products, fp16 sum"][-1])
 glue("dot_fp32_error", curves["exact products, fp32 sum"][-1])
 glue("dot_matmul_error", curves[f"torch.matmul fp16 ({dev})"][-1])
@@ -499,7 +500,7 @@ fig, ax = subplots(width=7.0, height=4.0)
 for color, (name, errs) in zip(CYCLE, curves.items(), strict=False):
     ax.plot(DOT_LENGTHS, errs, "o-", color=color, label=f"{name} (measured)")
 for fmt, extra, color in [("fp16", 1, CYCLE[0]), ("fp32", 0, CYCLE[2])]:
-    bounds = [P.recursive_sum_error_bound(K + extra, fmt) for K in DOT_LENGTHS]
+    bounds = [S.recursive_sum_error_bound(K + extra, fmt) for K in DOT_LENGTHS]
     ax.plot([K for K, v in zip(DOT_LENGTHS, bounds, strict=True) if v < 1],
             [v for v in bounds if v < 1], "--", color=color,
             label=f"bound γ(K{'' if extra else '-1'}), {fmt} (predicted)")
@@ -536,8 +537,8 @@ plt.show()
 # ```
 
 # %% tags=["hide-input"]
-predicted_q1 = P.plateau_value(P.round_to(0.1, "bf16"), "bf16")
-measured_q1 = P.running_sum(0.1, 1000, "bf16")[-1].item()
+predicted_q1 = S.plateau_value(P.round_to(0.1, "bf16"), "bf16")
+measured_q1 = S.running_sum(0.1, 1000, "bf16")[-1].item()
 assert measured_q1 == predicted_q1 == 2.0 ** (math.floor(math.log2(0.1)) + 7 + 2)
 glue("q1_stored", P.round_to(0.1, "bf16"))
 glue("q1_plateau", predicted_q1)
@@ -556,8 +557,8 @@ print(f"predicted {predicted_q1}, measured {measured_q1}")
 # ```
 
 # %% tags=["hide-input"]
-prediction_q2 = P.plateau_sum(1.0, 2100, "fp16")
-measured_q2 = P.running_sum(1.0, 2100, "fp16")
+prediction_q2 = S.plateau_sum(1.0, 2100, "fp16")
+measured_q2 = S.running_sum(1.0, 2100, "fp16")
 first_at_plateau = int((measured_q2 == prediction_q2.final).nonzero()[0]) + 1  # additions to get there
 assert first_at_plateau == prediction_q2.stall_step == 2**11 and measured_q2[-1].item() == 2.0**11
 glue("q2_steps", prediction_q2.stall_step)

@@ -5,10 +5,9 @@ Every property (max, smallest normal and subnormal, eps) follows from (e, m) and
 formats keep the all-ones exponent for inf/NaN; "fn" formats (fp8 e4m3) have no inf, only the all-ones
 pattern is NaN, and overflow saturates. `round_to` rounds exactly (rationals, ties to even), with no torch.
 
-A running sum `s <- round(s + a)` moves in whole ulps: inside a binade of spacing u every step adds
-`round(a/u) * u`, and once `a < u/2` nothing changes. `plateau_sum` predicts a sum binade by binade from
-that rule alone; `running_sum` measures it with torch. References: IEEE 754-2019; Higham, "Accuracy and
-Stability of Numerical Algorithms" (2002), ch. 2 and 4; Kahan (1965); Micikevicius et al. (2022) for fp8.
+`stochastic_round` rounds up or down at random, unbiased. Running sums, which these rules decide, are
+in `mlsys.summation`. References: IEEE 754-2019; Higham, "Accuracy and Stability of Numerical
+Algorithms" (2002), ch. 2; Micikevicius et al. (2022) for fp8.
 Used in: §sec-precision.
 """
 
@@ -126,25 +125,25 @@ def format_table() -> list[dict[str, object]]:
 
 # ---------------------------------------------------------------- exact rounding
 
-def _floor_log2(q: Fraction) -> int:
+def floor_log2(q: Fraction) -> int:
     """floor(log2(q)) for a rational q > 0, exactly."""
     e = q.numerator.bit_length() - q.denominator.bit_length()
     below = q.numerator < (q.denominator << e) if e >= 0 else (q.numerator << -e) < q.denominator
     return e - 1 if below else e
 
 
-def _ulp_exponent(magnitude: Fraction, f: FloatFormat) -> int:
+def ulp_exponent(magnitude: Fraction, f: FloatFormat) -> int:
     """log2 of the spacing of `f` at `magnitude` (>= 0); constant below the smallest normal."""
-    e = _floor_log2(magnitude) if magnitude > 0 else f.emin
+    e = floor_log2(magnitude) if magnitude > 0 else f.emin
     return max(e, f.emin) - f.mantissa_bits
 
 
-def _round_exact(x: Fraction, f: FloatFormat) -> Fraction | float:
+def round_exact(x: Fraction, f: FloatFormat) -> Fraction | float:
     """Round a rational to `f`, ties to even; overflow gives +-inf (IEEE) or +-max (fn, saturating)."""
     mag = abs(x)
     if mag == 0:
         return x
-    k = _ulp_exponent(mag, f)
+    k = ulp_exponent(mag, f)
     scaled = mag / Fraction(2) ** k
     n, rest = divmod(scaled.numerator, scaled.denominator)
     if 2 * rest > scaled.denominator or (2 * rest == scaled.denominator and n % 2 == 1):
@@ -164,7 +163,7 @@ def round_to(x: float, fmt: str | torch.dtype | FloatFormat) -> float:
         return math.nan
     if math.isinf(x):
         return math.copysign(f.max, x) if f.finite_only else x
-    r = _round_exact(Fraction(x), f)
+    r = round_exact(Fraction(x), f)
     return math.copysign(0.0, x) if r == 0 else float(r)
 
 
@@ -173,7 +172,7 @@ def ulp(x: float, fmt: str | torch.dtype | FloatFormat) -> float:
     f = get_format(fmt)
     if not math.isfinite(x) or abs(x) > f.max:
         raise ValueError(f"x={x!r} is outside {f.name}'s finite range (max {f.max:g})")
-    return math.ldexp(1.0, _ulp_exponent(abs(Fraction(x)), f))
+    return math.ldexp(1.0, ulp_exponent(abs(Fraction(x)), f))
 
 
 @dataclass(frozen=True)
@@ -225,180 +224,10 @@ def decompose(x: float, fmt: str | torch.dtype | FloatFormat) -> Bits:
         field_e, field_m = 0, int(mag / Fraction(f.smallest_subnormal))
         kind = "zero" if mag == 0 else "subnormal"
     else:
-        e = _floor_log2(mag)
+        e = floor_log2(mag)
         field_e, field_m = e + f.bias, int((mag / Fraction(2) ** e - 1) * 2**m_bits)
         kind = "normal"
     return Bits(f.name, sign, format(field_e, f"0{e_bits}b"), format(field_m, f"0{m_bits}b"), kind, value)
-
-
-# ---------------------------------------------------------------- running sums: prediction
-
-@dataclass(frozen=True)
-class Segment:
-    """`steps` consecutive additions that each add exactly `increment` (0 once the sum has stalled)."""
-
-    start: float
-    increment: float
-    steps: int
-    ulp: float  # spacing of the accumulator at `start`
-
-    def after(self, j: int) -> float:
-        """The sum after j of the segment's additions, exactly (then rounded once to float64)."""
-        if j == 0 or self.increment == 0:
-            return self.start
-        if not (math.isfinite(self.start) and math.isfinite(self.increment)):
-            return self.start + self.increment  # an overflow to inf, or inf staying inf
-        return float(Fraction(self.start) + Fraction(self.increment) * j)
-
-    @property
-    def end(self) -> float:
-        return self.after(self.steps)
-
-
-@dataclass(frozen=True)
-class SumPrediction:
-    """Predicted partial sums of `n` additions of `addend` (as stored) into an accumulator format."""
-
-    addend: float  # the addend as the addend format stores it (0.01 in fp16 is 0.01000213623046875)
-    n: int
-    accumulator: str
-    segments: tuple[Segment, ...]
-    stall_step: int | None  # additions that changed the sum before it stopped growing; None: never stopped
-
-    @property
-    def final(self) -> float:
-        return self.segments[-1].end if self.segments else 0.0
-
-    @property
-    def exact(self) -> float:
-        """n * addend in exact arithmetic: what the sum would be without rounding in the accumulator."""
-        return float(self.n * Fraction(self.addend))
-
-    def trajectory(self) -> list[float]:
-        """Partial sums after 1, 2, ..., n additions."""
-        return [seg.after(j) for seg in self.segments for j in range(1, seg.steps + 1)]
-
-
-def plateau_value(addend: float, fmt: str | torch.dtype | FloatFormat) -> float:
-    """Where a running sum of `addend` (> 0, as stored) freezes: the first power of two 2^E whose ulp
-    2^(E-m) exceeds 2*addend, i.e. 2^(floor(log2 a) + m + 2); for a = 2^p it is 2^(p + m + 1) (tie to even)."""
-    f = get_format(fmt)
-    if not (math.isfinite(addend) and addend > 0):
-        raise ValueError(f"addend={addend!r} must be a finite positive number")
-    a = Fraction(addend)
-    p = _floor_log2(a)
-    power_of_two = a == Fraction(2) ** p
-    e = p + f.mantissa_bits + (1 if power_of_two else 2)
-    return math.ldexp(1.0, e) if e <= f.emax else (f.max if f.finite_only else math.inf)
-
-
-def plateau_sum(addend: float, n: int, fmt: str | torch.dtype | FloatFormat,
-                addend_format: str | torch.dtype | FloatFormat | None = None) -> SumPrediction:
-    """Predict `s <- round(s + a)` for n steps from s = 0, exactly, binade by binade.
-
-    `a` is `addend` rounded to `addend_format` (default: the accumulator format). Inside a binade of
-    spacing u, s = k*u and every step adds round(a/u)*u; the sum stalls once that is 0 (a < u/2, or
-    a = u/2 with k even). The step that crosses into the next binade is rounded on its own.
-    """
-    f = get_format(fmt)
-    _check_count(n)
-    if not math.isfinite(addend):
-        raise ValueError(f"addend={addend!r} must be finite")
-    stored = round_to(addend, get_format(addend_format) if addend_format is not None else f)
-    if stored < 0:  # rounding is symmetric: predict for -a and mirror
-        mirror = plateau_sum(-stored, n, f, "fp64")
-        segs = tuple(Segment(-s.start, -s.increment, s.steps, s.ulp) for s in mirror.segments)
-        return SumPrediction(stored, n, f.name, segs, mirror.stall_step)
-    a, s, done, segments, stall = Fraction(stored), Fraction(0), 0, [], None
-
-    def emit(start: Fraction, increment: Fraction | float, steps: int) -> None:
-        u = math.ldexp(1.0, _ulp_exponent(start, f)) if math.isfinite(start) else math.inf
-        prev = segments[-1] if segments else None
-        if prev is not None and (prev.increment, prev.ulp, prev.end) == (float(increment), u, float(start)):
-            segments[-1] = Segment(prev.start, prev.increment, prev.steps + steps, prev.ulp)
-        else:
-            segments.append(Segment(float(start), float(increment), steps, u))
-
-    while done < n:
-        new = _round_exact(s + a, f) if math.isfinite(s) else s  # one exact step
-        if new == s:  # nothing changes, now or ever: the plateau
-            emit(s, 0.0, n - done)
-            stall = done
-            break
-        emit(s, new - s if math.isfinite(new) else math.inf, 1)
-        s, done = new, done + 1
-        if not math.isfinite(s):
-            continue
-        k_exp = _ulp_exponent(s, f)
-        u = Fraction(2) ** k_exp
-        k = s / u  # s = k * u, k an integer
-        top = min(Fraction(2) ** (max(_floor_log2(s), f.emin) + 1) / u - 1, Fraction(f.max) / u)
-        q, frac = divmod(a / u, 1)
-        if frac == Fraction(1, 2) and k % 2 == 1:
-            continue  # a tie seen from an odd k: take one exact step to reach an even k first
-        delta = q + (1 if frac > Fraction(1, 2) or (frac == Fraction(1, 2) and q % 2 == 1) else 0)
-        if delta == 0:
-            continue
-        steps = min(n - done, int((top - k) // delta))  # stay strictly inside the binade
-        if steps > 0:
-            emit(s, delta * u, steps)
-            s, done = s + steps * delta * u, done + steps
-    return SumPrediction(stored, n, f.name, tuple(segments), stall)
-
-
-def recursive_sum_error_bound(n: int, fmt: str | torch.dtype | FloatFormat) -> float:
-    """Higham's bound for left-to-right summation of n terms: |error| <= gamma_(n-1) * sum|x_i|,
-    gamma_k = k*u / (1 - k*u); returns gamma_(n-1) (inf once (n-1)*u >= 1)."""
-    _check_count(n)
-    ku = max(n - 1, 0) * get_format(fmt).unit_roundoff
-    return math.inf if ku >= 1 else ku / (1 - ku)
-
-
-# ---------------------------------------------------------------- running sums: measurement
-
-def running_sum(addend: float, n: int, dtype: str | torch.dtype, accumulator_dtype: str | torch.dtype | None = None,
-                *, explicit_cast: bool = False) -> Float[Tensor, " n"]:
-    """Measure: add `addend` (stored in `dtype`) n times, one torch addition at a time, into a 0-d
-    accumulator; returns the n partial sums. `explicit_cast` converts the addend to the accumulator
-    dtype before each `+=` instead of relying on type promotion."""
-    _check_count(n)
-    if not math.isfinite(addend):
-        raise ValueError(f"addend={addend!r} must be finite")
-    x_dtype = _arith_dtype(dtype, "dtype")
-    acc_dtype = x_dtype if accumulator_dtype is None else _arith_dtype(accumulator_dtype, "accumulator_dtype")
-    x = torch.tensor(addend, dtype=x_dtype)  # torch's own cast stores the addend
-    acc, partial = torch.zeros((), dtype=acc_dtype), []
-    for _ in range(n):
-        acc += x.to(acc_dtype) if explicit_cast else x
-        partial.append(acc.item())
-    return torch.tensor(partial, dtype=acc_dtype)
-
-
-def sequential_sum(values: Float[Tensor, "*batch n"], accumulator_dtype: str | torch.dtype
-                   ) -> Float[Tensor, "*batch"]:
-    """Left-to-right sum over the last dim, every partial sum rounded to `accumulator_dtype`."""
-    _check_values(values)
-    acc_dtype = _arith_dtype(accumulator_dtype, "accumulator_dtype")
-    acc = torch.zeros(values.shape[:-1], dtype=acc_dtype)
-    for k in range(values.shape[-1]):
-        acc += values[..., k]
-    return acc
-
-
-def kahan_sum(values: Float[Tensor, "*batch n"], dtype: str | torch.dtype) -> Float[Tensor, "*batch"]:
-    """Kahan's compensated sum over the last dim with every operation in `dtype`: the rounding error
-    of each addition is recovered as (t - s) - y and subtracted from the next term (Kahan 1965)."""
-    _check_values(values)
-    dt = _arith_dtype(dtype, "dtype")
-    x = values.to(dt)
-    s = torch.zeros(x.shape[:-1], dtype=dt)
-    c = torch.zeros_like(s)  # running compensation: what the last addition lost
-    for k in range(x.shape[-1]):
-        y = x[..., k] - c
-        t = s + y
-        c = (t - s) - y
-        s = t
-    return s
 
 
 def stochastic_round(x: Float[Tensor, "*batch"], fmt: str | torch.dtype | FloatFormat, *,
@@ -418,21 +247,3 @@ def stochastic_round(x: Float[Tensor, "*batch"], fmt: str | torch.dtype | FloatF
     out = down + u * (draw < up_probability)
     out = torch.where(out > f.max, f.max if f.finite_only else math.inf, out)
     return torch.where(torch.isfinite(x64), torch.copysign(out, x64), x64)
-
-
-def _check_count(n: int) -> None:
-    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-        raise ValueError(f"n={n!r} must be a non-negative integer")
-
-
-def _check_values(values: Tensor) -> None:
-    if not torch.is_floating_point(values) or values.dim() == 0:
-        raise TypeError(f"values must be a floating-point tensor with a last dim to sum over, got "
-                        f"{values.dtype} of shape {tuple(values.shape)}")
-
-
-def _arith_dtype(dtype: str | torch.dtype, argument: str) -> torch.dtype:
-    f = get_format(dtype)
-    if f.torch_dtype is None or f.bits == 8:
-        raise ValueError(f"{argument}={dtype!r}: torch has no addition in {f.name}; use plateau_sum to predict")
-    return f.dtype

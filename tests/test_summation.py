@@ -1,0 +1,165 @@
+"""mlsys.summation: predicted plateaus against measured sums, Kahan and recursive-sum bounds."""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import pytest
+import torch
+
+from mlsys import precision as P
+from mlsys import summation as S
+
+# ---------------------------------------------------------------- running sums
+
+
+def _steps_to_plateau(addend: float, fmt: str) -> int:
+    """Enough additions to reach the plateau: every step adds at least about a/2 on the way."""
+    return min(20_000, math.ceil(2.2 * S.plateau_value(P.round_to(addend, fmt), fmt) / addend))
+
+
+@pytest.mark.parametrize("addend", [0.01, 0.001, 0.1, 1 / 3])
+@pytest.mark.parametrize("fmt", ["fp16", "bf16", "fp32"])
+def test_plateau_prediction_equals_measured_sum(addend, fmt):
+    n = 3000 if fmt == "fp32" else _steps_to_plateau(addend, fmt)
+    predicted = S.plateau_sum(addend, n, fmt)
+    measured = S.running_sum(addend, n, fmt)
+    assert measured.dtype == P.FORMATS[fmt].dtype
+    assert measured.double().tolist() == predicted.trajectory()  # bit for bit, every step
+    assert measured[-1].item() == predicted.final
+    if fmt == "fp32":
+        assert predicted.stall_step is None
+    else:
+        assert predicted.stall_step is not None and predicted.final == S.plateau_value(predicted.addend, fmt)
+        # The addition after the stall is the first that is below half an ulp of the sum.
+        assert predicted.addend <= P.ulp(predicted.final, fmt) / 2
+        assert measured[predicted.stall_step - 1].item() == predicted.final
+        assert measured[predicted.stall_step - 2].item() < predicted.final
+
+
+@pytest.mark.parametrize("addend_fmt", ["fp16", "bf16"])
+@pytest.mark.parametrize("explicit_cast", [False, True])
+def test_fp32_accumulator_with_low_precision_addends(addend_fmt, explicit_cast):
+    predicted = S.plateau_sum(0.01, 1000, "fp32", addend_format=addend_fmt)
+    measured = S.running_sum(0.01, 1000, addend_fmt, "fp32", explicit_cast=explicit_cast)
+    assert measured.dtype == torch.float32
+    assert measured.double().tolist() == predicted.trajectory()
+    # Partial sums k * a need few bits, so fp32 holds them exactly: only the stored addend's error is left.
+    assert predicted.final == predicted.exact == 1000 * P.round_to(0.01, addend_fmt)
+
+
+def _stepwise(addend: float, n: int, fmt: str) -> list[float]:
+    """The recurrence s <- round(s + a), one exact rounding per step (independent of the binade rule)."""
+    s, out = Fraction(0), []
+    for _ in range(n):
+        s = Fraction(P.round_to(float(s + Fraction(addend)), fmt))  # s + a is exact in float64 here
+        out.append(float(s))
+    return out
+
+
+@pytest.mark.parametrize("fmt", ["tf32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2"])
+@pytest.mark.parametrize("addend", [1.0, 0.01, 3 * 2**-12, -0.3, 1.5 * 2**-9, 7.0])
+def test_binade_rule_equals_stepwise_rounding(fmt, addend):
+    stored = P.round_to(addend, fmt)
+    n = 1500
+    predicted = S.plateau_sum(addend, n, fmt)
+    assert predicted.addend == stored
+    assert predicted.trajectory() == _stepwise(stored, n, fmt)
+
+
+@pytest.mark.parametrize("fmt", ["fp8_e4m3", "fp8_e5m2"])
+def test_fp8_prediction_equals_torch_cast_arithmetic(fmt):
+    # torch has no fp8 addition; fp8 "arithmetic" is an exact fp32 add followed by torch's cast.
+    dtype = P.FORMATS[fmt].dtype
+    a = torch.tensor(0.01).to(dtype)
+    s, measured = torch.zeros((), dtype=dtype), []
+    for _ in range(200):
+        s = (s.float() + a.float()).to(dtype)
+        measured.append(s.float().item())
+    assert measured == S.plateau_sum(0.01, 200, fmt).trajectory()
+
+
+@pytest.mark.parametrize(("addend", "fmt"), [(1000.0, "fp16"), (977.0, "fp16"), (1e37, "bf16"), (3e37, "fp32")])
+def test_overflow_to_infinity_is_predicted(addend, fmt):
+    predicted = S.plateau_sum(addend, 120, fmt)
+    measured = S.running_sum(addend, 120, fmt)
+    assert measured.double().tolist() == predicted.trajectory()
+    assert predicted.final == math.inf and predicted.stall_step is not None
+
+
+def test_fp8_e4m3_saturates_instead_of_overflowing():
+    dtype = P.FORMATS["fp8_e4m3"].dtype
+    a = torch.tensor(60.0).to(dtype)
+    s, measured = torch.zeros((), dtype=dtype), []
+    for _ in range(12):
+        s = (s.float() + a.float()).to(dtype)  # torch's cast saturates at 448
+        measured.append(s.float().item())
+    predicted = S.plateau_sum(60.0, 12, "fp8_e4m3")
+    assert measured == predicted.trajectory() and predicted.final == 448.0
+
+
+def test_plateau_value_closed_form():
+    assert S.plateau_value(1.0, "fp16") == 2.0**11  # 2^(0 + 10 + 1): 2048 + 1 is a tie, kept at 2048
+    prediction = S.plateau_sum(1.0, 3000, "fp16")
+    assert (prediction.stall_step, prediction.final) == (2048, 2048.0)
+    assert S.plateau_value(0.01, "bf16") == 2.0 ** (-7 + 7 + 2)
+    assert S.plateau_value(0.01, "fp16") == S.plateau_value(0.01, "tf32")  # same mantissa width
+    assert S.plateau_value(1000.0, "fp8_e4m3") == 448.0  # saturates before the plateau
+    with pytest.raises(ValueError, match="addend=0.0 must be a finite positive"):
+        S.plateau_value(0.0, "fp16")
+
+
+def test_negative_addend_mirrors():
+    up, down = S.plateau_sum(0.01, 1000, "bf16"), S.plateau_sum(-0.01, 1000, "bf16")
+    assert down.trajectory() == [-v for v in up.trajectory()] and down.stall_step == up.stall_step
+    assert S.running_sum(-0.01, 1000, "bf16")[-1].item() == down.final
+
+
+def test_kahan_beats_naive_and_meets_its_bound():
+    g = torch.Generator().manual_seed(4)
+    for values in (torch.full((1000,), 0.01), torch.rand(3000, generator=g, dtype=torch.float64)):
+        for fmt in ("fp16", "bf16"):
+            stored = values.to(P.FORMATS[fmt].dtype)
+            exact = float(sum(Fraction(v) for v in stored.double().tolist()))
+            naive = S.sequential_sum(stored, fmt).item()
+            kahan = S.kahan_sum(values, fmt)
+            assert kahan.dtype == P.FORMATS[fmt].dtype
+            error = abs(kahan.item() - exact)
+            assert error < abs(naive - exact)
+            # First-order bound for compensated summation (Higham 2002, sec. 4.3): 2u * sum|x_i|.
+            assert error <= 2 * P.FORMATS[fmt].unit_roundoff * exact
+
+
+def test_sequential_sum_meets_recursive_bound():
+    g = torch.Generator().manual_seed(5)
+    values = torch.rand(8, 512, generator=g).half()
+    exact = values.double().sum(-1)
+    for fmt in ("fp16", "bf16", "fp32"):
+        got = S.sequential_sum(values, fmt)
+        assert got.shape == (8,) and got.dtype == P.FORMATS[fmt].dtype
+        bound = S.recursive_sum_error_bound(512, fmt) * exact  # all terms positive: sum|x| = sum x
+        assert torch.all((got.double() - exact).abs() <= bound)
+    assert S.recursive_sum_error_bound(2049, "fp16") == math.inf  # (n-1) u = 1: the bound says nothing
+
+
+def test_bad_inputs_raise_clear_errors():
+    with pytest.raises(ValueError, match="n=-1 must be a non-negative integer"):
+        S.plateau_sum(0.01, -1, "fp16")
+    with pytest.raises(ValueError, match="n=2.5"):
+        S.running_sum(0.01, 2.5, "fp16")
+    for bad in (math.nan, math.inf):
+        with pytest.raises(ValueError, match="addend=.* must be finite"):
+            S.plateau_sum(bad, 10, "fp16")
+        with pytest.raises(ValueError, match="addend=.* must be finite"):
+            S.running_sum(bad, 10, "fp16")
+    with pytest.raises(ValueError, match="fmt='fp12'"):
+        S.plateau_sum(0.01, 10, "fp12")
+    with pytest.raises(ValueError, match="dtype='fp8_e4m3': torch has no addition"):
+        S.running_sum(0.01, 10, "fp8_e4m3")
+    with pytest.raises(ValueError, match="accumulator_dtype='tf32'"):
+        S.running_sum(0.01, 10, "fp16", "tf32")
+    with pytest.raises(TypeError, match="values must be a floating-point tensor"):
+        S.kahan_sum(torch.arange(5), "fp16")
+    with pytest.raises(TypeError, match="values must be a floating-point tensor"):
+        S.sequential_sum(torch.tensor(1.0), "fp32")
