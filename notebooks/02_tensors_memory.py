@@ -37,7 +37,6 @@ import math
 import einops
 import matplotlib.pyplot as plt
 import torch
-import torch.nn.functional as F
 from beartype import beartype
 from IPython.display import display
 from jaxtyping import jaxtyped
@@ -47,6 +46,7 @@ from mlsys.accounting import memory
 from mlsys.accounting.params import count_params, param_counts
 from mlsys.book import Table, glue
 from mlsys.models.config import PRESETS, TransformerConfig
+from mlsys.models.train import next_token_loss, training_state_bytes
 from mlsys.models.transformer import Transformer
 from mlsys.tensors import (
     contiguous_strides,
@@ -461,35 +461,28 @@ display(Table(["preset", "d_model", "n_layers", "n_heads", "d_ff", "vocab", "emb
 # training keeps: the parameters, their `.grad`, and everything in `optimizer.state`. Then the same for a
 # model cast to bf16 entirely ("pure bf16"), whose AdamW moments take the parameters' dtype.
 
+# ```{literalinclude} ../lib/mlsys/models/train.py
+# :pyobject: training_state_bytes
+# ```
+
 # %%
 def one_training_step(dtype):
+    """A fresh model in `dtype` after one AdamW step on random tokens (so every state tensor exists)."""
     model = Transformer(cfg).to(device=env.device(), dtype=dtype)
     model.init_weights(seed=SEED)
     optimizer = torch.optim.AdamW(model.parameters())
     generator = torch.Generator().manual_seed(SEED)
     tokens = torch.randint(cfg.vocab_size, (BATCH, SEQ + 1), generator=generator).to(env.device())
-    logits = model(tokens[:, :-1])  # (batch, seq, vocab)
-    F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten()).backward()
+    next_token_loss(model, tokens).backward()
     optimizer.step()
     return model, optimizer
 
-
-def measured_state_bytes(model, optimizer):
-    """Bytes of the tensors training keeps, by kind (a moment has its parameter's shape)."""
-    out = {"weights": 0, "grads": 0, "optimizer": 0, "step counters": 0}
-    for p in model.parameters():
-        out["weights"] += p.numel() * p.element_size()
-        out["grads"] += p.grad.numel() * p.grad.element_size()
-        for value in optimizer.state[p].values():
-            kind = "optimizer" if value.shape == p.shape else "step counters"
-            out[kind] += value.numel() * value.element_size()
-    return out
 
 # %%
 n = count_params(cfg)
 rows, measured_per_param = [], {}
 for recipe_name, dtype in (("fp32_adamw", torch.float32), ("bf16_pure_adamw", torch.bfloat16)):
-    measured = measured_state_bytes(*one_training_step(dtype))
+    measured = training_state_bytes(*one_training_step(dtype))
     predicted = memory.model_state_breakdown(n, recipe_name)
     assert predicted["master"] == 0  # neither recipe keeps a second copy of the weights
     for kind in ("weights", "grads", "optimizer"):

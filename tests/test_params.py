@@ -55,6 +55,8 @@ def test_components_equal_real_modules(name):
     assert counts.lm_head == numel(model.lm_head)
     assert counts.n_layers == len(model.blocks)
     assert numel(model.rope) == 0  # RoPE tables are buffers, not parameters
+    linear_weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    assert counts.matmul == linear_weights
 
 
 def test_breakdown_sums_to_total_and_non_embedding_convention():

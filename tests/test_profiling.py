@@ -1,6 +1,6 @@
 import torch
 
-from mlsys.profiling import ByteCounter, count_bytes
+from mlsys.profiling import ByteCounter, count_bytes, count_model_flops
 
 
 def test_counts_reads_and_writes_per_op():
@@ -26,3 +26,15 @@ def test_scalars_are_arguments_not_traffic():
     x = torch.randn(10)
     counter = count_bytes(torch.mul, x, torch.tensor(2.0))
     assert counter.read_bytes == 40 and counter.write_bytes == 40
+
+
+def test_count_model_flops_on_meta_matches_the_formula():
+    from mlsys.accounting.flops import transformer_flops
+    from mlsys.models.config import TransformerConfig
+
+    cfg = TransformerConfig.preset("small")
+    assert count_model_flops(cfg, 2, 33).get_total_flops() == transformer_flops(cfg, 2, 33).forward_matmul_flops
+    import pytest
+
+    with pytest.raises(ValueError, match="seq \\(0\\)"):
+        count_model_flops(cfg, 1, 0)

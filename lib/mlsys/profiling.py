@@ -75,3 +75,28 @@ def count_bytes(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> ByteCounte
     with ByteCounter() as counter:
         fn(*args, **kwargs)
     return counter
+
+
+def count_model_flops(cfg, batch: int, seq: int, *, backward: bool = False):
+    """Build `Transformer(cfg)` on the meta device and run it under `FlopCounterMode`.
+
+    Meta tensors have shapes but no storage: even the largest preset costs no memory and no
+    arithmetic runs, yet every operator dispatches, so the counter sees each matmul with its shapes
+    and attributes it to the module that ran it. Returns the counter (`get_total_flops()`,
+    `get_flop_counts()` keyed "Transformer.blocks.0.attn.q_proj", ...). With `backward`, the
+    backward of `logits.sum()` is counted too.
+    """
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from mlsys.models.transformer import Transformer
+
+    if batch < 1 or seq < 1:
+        raise ValueError(f"batch ({batch}) and seq ({seq}) must be positive")
+    with torch.device("meta"):
+        model = Transformer(cfg)
+        tokens = torch.zeros(batch, seq, dtype=torch.long)
+        with FlopCounterMode(display=False) as counter:
+            logits = model(tokens)
+            if backward:
+                logits.sum().backward()
+    return counter

@@ -51,9 +51,17 @@ class ParamCounts:
         Convention: like Kaplan et al. (2020), the vocabulary matrices are left out, so the count
         depends only on the blocks (and the final norm). Kaplan's models tie the head to the embedding;
         ours is untied, and we leave out both. Note that the head, unlike the embedding lookup, still
-        costs FLOPs: for 6N-style FLOP estimates use `total - embedding`.
+        costs FLOPs: for FLOP estimates use `matmul`.
         """
         return self.total - self.embedding - self.lm_head
+
+    @property
+    def matmul(self) -> int:
+        """Parameters used in matmuls (each costs 2 FLOPs per token forward): every linear weight.
+
+        total - embedding (a lookup) - norm gains (elementwise); the N of a detailed 6N count.
+        """
+        return self.total - self.embedding - self.n_layers * self.norms_per_layer - self.final_norm
 
     def as_dict(self) -> dict[str, int]:
         """Whole-model totals per component, in model order; the values sum to `total`."""

@@ -1,0 +1,72 @@
+"""A plain next-token training step for the book's model, and the bytes of what training keeps.
+
+`make_train_step` returns a no-argument callable (forward, cross-entropy loss, backward, optimizer
+step), the shape `mlsys.bench.benchmark` times. `training_state_bytes` adds up the tensors training
+holds per parameter (weights, gradients, optimizer state), to check `mlsys.accounting.memory`.
+Used in: §sec-tensors-memory, §sec-flops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Int
+from torch import Tensor, nn
+
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def next_token_loss(model: nn.Module, tokens: Int[Tensor, "batch seq_plus_1"]) -> Tensor:
+    """Cross-entropy of predicting tokens[:, 1:] from tokens[:, :-1] (the loss computed in fp32)."""
+    if tokens.ndim != 2 or tokens.shape[1] < 2:
+        raise ValueError(f"tokens must have shape (batch, seq + 1) with seq >= 1, got {tuple(tokens.shape)}")
+    logits = model(tokens[:, :-1])  # (batch, seq, vocab)
+    return F.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
+
+
+def make_train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    tokens: Int[Tensor, "batch seq_plus_1"],
+    *,
+    autocast_dtype: str | None = None,
+) -> Callable[[], float]:
+    """One training step on `tokens` as a callable returning the loss: forward, backward, update.
+
+    `autocast_dtype="bf16"` (or "fp16") runs the forward under `torch.autocast` on the tokens' device;
+    None trains in the parameters' own dtype.
+    """
+    if autocast_dtype is not None and autocast_dtype not in AUTOCAST_DTYPES:
+        raise ValueError(f"autocast_dtype={autocast_dtype!r}; expected None or one of {sorted(AUTOCAST_DTYPES)}")
+    device_type = tokens.device.type
+
+    def step() -> float:
+        with torch.autocast(
+            device_type=device_type,
+            dtype=AUTOCAST_DTYPES.get(autocast_dtype or "bf16"),
+            enabled=autocast_dtype is not None,
+        ):
+            loss = next_token_loss(model, tokens)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.detach()
+
+    return step
+
+
+def training_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+    """Bytes of the tensors training keeps, by kind: weights, grads, optimizer (per-parameter moments)
+    and step counters (optimizer state smaller than its parameter, such as AdamW's scalar `step`)."""
+    out = {"weights": 0, "grads": 0, "optimizer": 0, "step counters": 0}
+    for p in model.parameters():
+        out["weights"] += p.numel() * p.element_size()
+        if p.grad is not None:
+            out["grads"] += p.grad.numel() * p.grad.element_size()
+        for value in optimizer.state.get(p, {}).values():
+            if isinstance(value, Tensor):
+                kind = "optimizer" if value.shape == p.shape else "step counters"
+                out[kind] += value.numel() * value.element_size()
+    return out
