@@ -1,6 +1,9 @@
+import platform
+import resource
 import time
 
 import pytest
+import torch
 
 from mlsys import bench
 
@@ -71,3 +74,25 @@ def test_derived_rates():
 def test_str_is_readable():
     timing = bench.Timing(samples_s=(1e-3, 2e-3, 3e-3), warmup=0, device="cpu")
     assert str(timing).startswith("2 ms median")
+
+
+def _minor_faults(fn, times=5) -> int:
+    fn()  # warm-up: the first call may map memory in any case
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(times):
+        fn()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt only")
+def test_kept_cpu_memory_stops_page_faults_on_fresh_outputs():
+    x = torch.randn(8 * 2**20)  # 32 MiB: above glibc's mmap threshold, 8,192 pages of 4 KiB
+    pages = x.nbytes // resource.getpagesize()
+    faults_default = _minor_faults(lambda: torch.mul(x, 2.0))
+    with bench.kept_cpu_memory() as applied:
+        assert applied
+        faults_kept = _minor_faults(lambda: torch.mul(x, 2.0))
+    faults_restored = _minor_faults(lambda: torch.mul(x, 2.0))
+    assert faults_default > pages  # every fresh output is new memory, mapped page by page
+    assert faults_kept < pages / 10  # the freed block is reused
+    assert faults_restored > pages  # the defaults are back

@@ -11,13 +11,16 @@ the book or written under `results/` says what produced it. Used in: every measu
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import datetime as _dt
+import platform
 import shlex
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -185,3 +188,30 @@ def achieved_bytes_per_s(n_bytes: float, seconds: float) -> float:
     if seconds <= 0:
         raise ValueError(f"seconds must be positive, got {seconds}")
     return n_bytes / seconds
+
+
+# glibc <malloc.h> parameters and their defaults (mallopt(3)).
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
+_DEFAULT_TRIM_THRESHOLD, _DEFAULT_MMAP_MAX = 128 * 1024, 65536
+
+
+@contextlib.contextmanager
+def kept_cpu_memory() -> Iterator[bool]:
+    """Inside: glibc keeps freed memory mapped, as a GPU's caching allocator does; yields whether applied.
+
+    PyTorch's CPU allocator returns large freed blocks to the OS, so each fresh output of tens of MB is
+    new memory the OS must map and zero page by page on first write, and a timing of `x * 2` measures
+    page faults more than the kernel. Serving large blocks from the heap (M_MMAP_MAX = 0) and never
+    trimming it (a large M_TRIM_THRESHOLD) removes that. Process-wide while active; the glibc defaults
+    are restored on exit. Elsewhere (not Linux/glibc) nothing changes and it yields False.
+    """
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        yield False
+        return
+    libc = ctypes.CDLL("libc.so.6")
+    applied = libc.mallopt(_M_MMAP_MAX, 0) == 1 and libc.mallopt(_M_TRIM_THRESHOLD, 2**30) == 1
+    try:
+        yield applied
+    finally:
+        libc.mallopt(_M_MMAP_MAX, _DEFAULT_MMAP_MAX)
+        libc.mallopt(_M_TRIM_THRESHOLD, _DEFAULT_TRIM_THRESHOLD)

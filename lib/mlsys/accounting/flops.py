@@ -19,6 +19,7 @@ from dataclasses import dataclass, fields
 
 # Elementwise operations per element, documented estimates (exp, rsqrt, sigmoid counted as one op each).
 RMSNORM_OPS_PER_ELEMENT = 4  # square, add into the mean, scale by 1/rms, scale by the gain
+LAYERNORM_OPS_PER_ELEMENT = 7  # add into the mean, subtract it, square, add into the variance, scale, gain, bias
 ROPE_OPS_PER_ELEMENT = 3  # x_even*cos - x_odd*sin: two multiplies and one add per output element
 SOFTMAX_OPS_PER_SCORE = 6  # scale by 1/sqrt(d_head), max, subtract, exp, sum, divide
 SWIGLU_OPS_PER_HIDDEN = 6  # silu(a) = a * sigmoid(a) ~ 5 (negate, exp, add, divide, multiply), times b: 1

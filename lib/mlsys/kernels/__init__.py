@@ -9,5 +9,5 @@
 
 Import the modules explicitly (`from mlsys.kernels.softmax import softmax`): this package imports
 nothing, so `import mlsys.kernels` neither touches Triton nor shadows a module with its function.
-Used in: §sec-byte-movement.
+Used in: §sec-bytes.
 """

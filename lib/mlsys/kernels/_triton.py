@@ -11,7 +11,7 @@ Where Triton is not installed (macOS, Windows), `triton` and `tl` are stand-ins 
 raises a clear `RuntimeError` naming the reference to use instead. Nothing falls back silently.
 
 Flags: `HAS_TRITON` (installed and usable), `INTERPRETED` (kernels run in the CPU interpreter).
-Used in: §sec-byte-movement (chapter 04) and every kernel module.
+Used in: §sec-bytes (chapter 04) and every kernel module.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ the measured copy bandwidth.
 
 Records go under `results/` only from a CUDA device (files there come from real GPUs); elsewhere
 pass `--out DIR` and `--smoke`: the kernels then run in Triton's CPU interpreter and the timings say
-nothing about performance. Nothing runs at import. Used in: §sec-byte-movement.
+nothing about performance. Nothing runs at import. Used in: §sec-bytes.
 """
 
 from __future__ import annotations

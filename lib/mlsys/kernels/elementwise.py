@@ -12,7 +12,7 @@ evaluation of many instructions, counted as one "op" per element per step (not a
 
 Naive (eager) cost for n elements of s bytes: read k*n*s, write k*n*s. Fused: read n*s, write n*s.
 References: Triton tutorial 01 (vector add), https://triton-lang.org/main/getting-started/tutorials/ ;
-Williams, Waterman, Patterson, "Roofline" (CACM 2009). Used in: §sec-byte-movement.
+Williams, Waterman, Patterson, "Roofline" (CACM 2009). Used in: §sec-bytes.
 """
 
 import torch

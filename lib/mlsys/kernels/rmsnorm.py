@@ -12,7 +12,7 @@ Cost for an (M, N) input of s bytes per element: forward reads x (MN s) and weig
 dweight (N s). Written as eager ops (square, mean, add, rsqrt, two multiplies) the forward makes
 about six round trips instead of one.
 References: Zhang & Sennrich, "Root Mean Square Layer Normalization" (NeurIPS 2019); Triton tutorial
-05 (layer norm backward), https://triton-lang.org/main/getting-started/tutorials/ . Used in: §sec-byte-movement.
+05 (layer norm backward), https://triton-lang.org/main/getting-started/tutorials/ . Used in: §sec-bytes.
 """
 
 import math

@@ -16,7 +16,7 @@ The fused kernel keeps a row (or a few short rows) in registers: reads MN, write
 sizes it should run about 4x faster than the naive sequence and near the device's copy bandwidth.
 Backward: dx = y * (dy - sum_j dy_j y_j), a second kernel reading y and dy, writing dx.
 References: Triton tutorial 02 (fused softmax), https://triton-lang.org/main/getting-started/tutorials/ ;
-Milakov & Gimelshein, "Online normalizer calculation for softmax" (2018). Used in: §sec-byte-movement.
+Milakov & Gimelshein, "Online normalizer calculation for softmax" (2018). Used in: §sec-bytes.
 """
 
 import math
