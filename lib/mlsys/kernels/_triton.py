@@ -161,3 +161,42 @@ def keep_row_tiles(configs: list[Any], n_rows: int, block_n: int) -> list[Any]:
         if 4 <= tile // (32 * w) <= 64:
             kept.append(config)
     return kept or fallback
+
+
+def _keep_for_shape(configs, named_args, **kwargs):
+    return keep_row_tiles(configs, named_args["n_rows"], named_args["BLOCK_N"])
+
+
+class _InterpretedRowKernel:
+    """A row kernel launched with `default_row_tile` instead of through the autotuner (interpreter only).
+
+    Triton 3.6 and 3.7's autotuner asks the GPU driver for a benchmarker even when pruning leaves a
+    single config, which fails in the interpreter ("0 active drivers"); the tile is chosen directly.
+    """
+
+    def __init__(self, fn: Any):
+        self.fn = fn
+
+    def __getitem__(self, grid: Any):
+        def launch(*args: Any, **kwargs: Any) -> Any:
+            named = {**dict(zip(self.fn.arg_names, args, strict=False)), **kwargs}
+            block_m, warps = default_row_tile(named["n_rows"], named["BLOCK_N"])
+            launch_grid = grid({**named, "BLOCK_M": block_m}) if callable(grid) else grid
+            return self.fn[launch_grid](*args, BLOCK_M=block_m, num_warps=warps, **kwargs)
+
+        return launch
+
+
+def row_autotune(fn: Any) -> Any:
+    """Autotune a row kernel (arguments `n_rows`, `n_cols`, `BLOCK_N`, `BLOCK_M`) over `row_tile_configs()`.
+
+    Keyed on n_cols and pruned per shape by `keep_row_tiles`. Interpreted, there is nothing to tune:
+    the launch uses `default_row_tile` directly (see `_InterpretedRowKernel`).
+    """
+    if not HAS_TRITON:
+        return fn
+    if INTERPRETED:
+        return _InterpretedRowKernel(fn)
+    return triton.autotune(
+        configs=row_tile_configs(), key=["n_cols"], prune_configs_by={"early_config_prune": _keep_for_shape}
+    )(fn)

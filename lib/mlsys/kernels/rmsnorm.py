@@ -26,9 +26,8 @@ from mlsys.kernels._triton import (
     INTERPRETED,
     check_input,
     check_same,
-    keep_row_tiles,
     require_triton,
-    row_tile_configs,
+    row_autotune,
     tl,
     triton,
 )
@@ -79,11 +78,7 @@ def rmsnorm_backward_flops(shape: tuple[int, ...]) -> int:
     return 9 * m * n + m
 
 
-def _keep(configs, named_args, **kwargs):
-    return keep_row_tiles(configs, named_args["n_rows"], named_args["BLOCK_N"])
-
-
-@triton.autotune(configs=row_tile_configs(), key=["n_cols"], prune_configs_by={"early_config_prune": _keep})
+@row_autotune
 @triton.jit
 def _rmsnorm_fwd_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, n_rows, n_cols, eps, stride_xm, stride_ym,
                         BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
@@ -104,7 +99,7 @@ def _rmsnorm_fwd_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, n_rows, n_cols, eps, stri
     tl.store(rstd_ptr + rows, rstd, mask=row_ok)
 
 
-@triton.autotune(configs=row_tile_configs(), key=["n_cols"], prune_configs_by={"early_config_prune": _keep})
+@row_autotune
 @triton.jit
 def _rmsnorm_bwd_kernel(x_ptr, w_ptr, rstd_ptr, dy_ptr, dx_ptr, dw_partial_ptr, n_rows, n_cols,
                         stride_xm, stride_dym, stride_dxm, stride_pm, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):

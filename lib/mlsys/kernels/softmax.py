@@ -26,7 +26,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from mlsys.accounting.dtypes import bytes_per_element
-from mlsys.kernels._triton import check_input, keep_row_tiles, require_triton, row_tile_configs, tl, triton
+from mlsys.kernels._triton import check_input, require_triton, row_autotune, tl, triton
 
 MAX_COLS = 65536
 """Longest row the single-pass kernel holds in registers (32 warps x 64 fp32 values per thread)."""
@@ -82,11 +82,7 @@ def softmax_backward_flops(shape: tuple[int, ...]) -> int:
     return 4 * m * n
 
 
-def _keep(configs, named_args, **kwargs):
-    return keep_row_tiles(configs, named_args["n_rows"], named_args["BLOCK_N"])
-
-
-@triton.autotune(configs=row_tile_configs(), key=["n_cols"], prune_configs_by={"early_config_prune": _keep})
+@row_autotune
 @triton.jit
 def _softmax_fwd_kernel(x_ptr, y_ptr, n_rows, n_cols, stride_xm, stride_ym, BLOCK_N: tl.constexpr,
                         BLOCK_M: tl.constexpr):
@@ -108,7 +104,7 @@ def _softmax_fwd_kernel(x_ptr, y_ptr, n_rows, n_cols, stride_xm, stride_ym, BLOC
     tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
-@triton.autotune(configs=row_tile_configs(), key=["n_cols"], prune_configs_by={"early_config_prune": _keep})
+@row_autotune
 @triton.jit
 def _softmax_bwd_kernel(y_ptr, dy_ptr, dx_ptr, n_rows, n_cols, stride_ym, stride_dym, stride_dxm,
                         BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
