@@ -28,7 +28,10 @@ _build/.lib-stamp: $(LIB_SOURCES)
 	rm -rf _build/.jupyter_cache _build/jupyter_execute
 	mkdir -p _build && touch $@
 
+# ... and when the profile changed since the last build.
 book: $(STAMP) _build/.lib-stamp
+	@if [ "$$(cat _build/.profile 2>/dev/null)" != "$${MLSYS_PROFILE:-auto}" ]; then \
+		rm -rf _build/.jupyter_cache _build/jupyter_execute; echo "$${MLSYS_PROFILE:-auto}" > _build/.profile; fi
 	$(VENV)/bin/jupyter-book build . -W -n --keep-going
 	@echo "Book: file://$(CURDIR)/_build/html/index.html"
 
