@@ -627,7 +627,11 @@ for name, fn, n_flops, traffic in points:
 table_rows = []
 for name, n_flops, traffic, t, est in point_results:
     ratio = t.median_s / est.time_s
-    assert 0.05 < ratio < 20, f"{name}: measured / predicted = {ratio:.2f}, outside the sanity band"
+    # Sanity band, asserted on a known GPU only (DESIGN: hardware-dependent bands need a known device)
+    in_band = 0.05 < ratio < 20
+    assert in_band or spec is None, f"{name}: measured / predicted = {ratio:.2f}, outside the sanity band"
+    if not in_band:
+        print(f"note: {name}: measured / predicted = {ratio:.2f}, outside 0.05-20 (a noisy or cached measurement)")
     table_rows.append([name, f"{B.intensity(n_flops, traffic):.3g}", est.bound, ms(est.time_s), ms(t.median_s),
                        f"{ms(t.p20_s)} – {ms(t.p80_s)}", f"{ratio:.2f}",
                        sig3(bench.achieved_flop_per_s(n_flops, t.median_s) / 1e9),
