@@ -38,7 +38,7 @@ from IPython.display import display
 
 from mlsys import precision as P
 from mlsys import summation as S
-from mlsys.book import Table, glue
+from mlsys.book import Table, glue, num
 from mlsys.plotting import COLORS, CYCLE, finish, subplots
 
 # %% tags=["parameters"]
@@ -71,10 +71,6 @@ SR_CHAINS = env.pick(smoke=32, cpu=128, gpu=512)  # independent stochastic-round
 # ```
 
 # %%
-def show(x: float) -> str:
-    return f"{x:.6g}" if x >= 1e-3 or x == 0 else f"{x:.4g}"
-
-
 rows = P.format_table()
 for row in rows:  # the derived values are torch's own
     if row["torch_dtype"] != "-":
@@ -88,8 +84,8 @@ glue("fp16_subnormal", fp16.smallest_subnormal)
 glue("bf16_subnormal", bf16.smallest_subnormal)
 Table(["format", "bits", "exp", "mant", "bias", "max", "smallest normal", "smallest subnormal", "eps", "inf?",
        "torch dtype"],
-      [[r["format"], r["bits"], r["exponent_bits"], r["mantissa_bits"], r["bias"], show(r["max"]),
-        show(r["smallest_normal"]), show(r["smallest_subnormal"]), show(r["eps"]),
+      [[r["format"], r["bits"], r["exponent_bits"], r["mantissa_bits"], r["bias"], num(r["max"], 6),
+        num(r["smallest_normal"], 6), num(r["smallest_subnormal"], 6), num(r["eps"], 6),
         "yes" if r["infinities"] else "no", r["torch_dtype"]] for r in rows])
 
 # %% [markdown]
@@ -224,7 +220,7 @@ for name, f in P.FORMATS.items():
     s_star = S.plateau_value(stored, f)
     walk = S.plateau_sum(ADDEND, 10**18, f)  # a binade walk: cheap even for 10^18 additions
     assert walk.final == s_star and walk.stall_step is not None
-    napkin_rows.append([name, repr(stored), show(P.ulp(s_star, f)), show(s_star), f"{walk.stall_step:,}"])
+    napkin_rows.append([name, repr(stored), num(P.ulp(s_star, f), 6), num(s_star, 6), f"{walk.stall_step:,}"])
     glue(f"plateau_{name}", s_star)
     glue(f"stall_{name}", walk.stall_step)
 Table(["format", f"{ADDEND} stored as", "ulp at plateau", "plateau s*", "additions that count"], napkin_rows)
@@ -312,28 +308,19 @@ plt.show()
 # for fp16 and bf16 with 0.01 (the single crossing steps between binades are left out):
 
 # %%
-def segment_rows(prediction):
-    a = prediction.addend
-    return [[f"{s.start:.6g}", f"{s.end:.6g}", s.ulp, f"{a / s.ulp:.3g}", f"{s.increment / s.ulp:g}",
-             repr(s.increment), f"{(s.increment - a) / a:+.1%}", s.steps]
-            for s in prediction.segments if s.steps > 1 or s.increment == 0]
-
-
-def run_inside(prediction, lo, hi):
-    """The long run of equal additions that starts inside [lo, hi)."""
-    return next(s for s in prediction.segments if lo <= s.start < hi and s.steps > 1)
-
-
 by_key = {(r[0], r[1]): r for r in results}
 pred_fp16, pred_bf16 = by_key[("fp16", ADDEND)][3], by_key[("bf16", ADDEND)][3]
 header = ["from", "to", "ulp", "a / ulp", "ulps per step", "adds per step", "vs addend", "steps"]
-display(Table(header, segment_rows(pred_fp16)))
-display(Table(header, segment_rows(pred_bf16)))
+for prediction in (pred_fp16, pred_bf16):
+    a = prediction.addend
+    display(Table(header, [[f"{seg.start:.6g}", f"{seg.end:.6g}", seg.ulp, f"{a / seg.ulp:.3g}",
+                            f"{seg.increment / seg.ulp:g}", repr(seg.increment), f"{(seg.increment - a) / a:+.1%}",
+                            seg.steps] for seg in prediction.segments if seg.steps > 1 or seg.increment == 0]))
 
 # Numbers for the explanation below, all read off the predictions.
 for tag, prediction, (lo, hi) in [("fp16_lo", pred_fp16, (4, 8)), ("fp16_hi", pred_fp16, (8, 16)),
                                   ("bf16_lo", pred_bf16, (2, 4))]:
-    run = run_inside(prediction, lo, hi)
+    run = prediction.run_starting_in(lo, hi)
     glue(f"{tag}_ratio", prediction.addend / run.ulp)
     glue(f"{tag}_ulps", run.increment / run.ulp)
     glue(f"{tag}_step", run.increment)
@@ -352,7 +339,7 @@ for key, name in [(("fp16", ADDEND), "final_fp16"), (("bf16", ADDEND), "final_bf
 glue("stall_bf16_run", pred_bf16.stall_step)
 glue("stall_fp16_small", by_key[("fp16", SMALL_ADDEND)][3].stall_step)
 glue("stall_bf16_small", by_key[("bf16", SMALL_ADDEND)][3].stall_step)
-fp32_top = run_inside(by_key[("fp32", ADDEND)][3], 8, 16)
+fp32_top = by_key[("fp32", ADDEND)][3].run_starting_in(8, 16)
 glue("fp32_step_top", fp32_top.increment)
 glue("fp32_step_error", abs(fp32_top.increment - P.round_to(ADDEND, "fp32")))
 for label in ("fp32 acc += fp16 addend (implicit)", "fp32 acc += bf16 addend"):

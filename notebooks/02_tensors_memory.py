@@ -46,7 +46,7 @@ from mlsys.accounting import memory
 from mlsys.accounting.params import count_params, param_counts
 from mlsys.book import Table, glue
 from mlsys.models.config import PRESETS, TransformerConfig
-from mlsys.models.train import next_token_loss, training_state_bytes
+from mlsys.models.train import state_after_one_step, training_state_bytes
 from mlsys.models.transformer import Transformer
 from mlsys.tensors import (
     contiguous_strides,
@@ -55,6 +55,7 @@ from mlsys.tensors import (
     is_contiguous,
     matmul_shape,
     merge_heads,
+    shares_storage,
     split_heads,
 )
 
@@ -219,16 +220,16 @@ display(Table(["view", "shape", "stride", "offset", "index", "predicted", "conti
 #
 # Because a view shares storage, writing through it writes into the parent. Two tensors share memory exactly
 # when their storages start at the same address:
+#
+# ```{literalinclude} ../lib/mlsys/tensors.py
+# :pyobject: shares_storage
+# ```
 
 # %%
-def same_storage(a, b):
-    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
-
-
 parent = base.clone()
 view = parent.transpose(0, 2)
 view[-1, 0, 0] = -1.0  # writes parent[0, 0, -1]
-assert parent[0, 0, -1] == -1.0 and same_storage(view, parent)
+assert parent[0, 0, -1] == -1.0 and shares_storage(view, parent)
 operations = {
     "t.transpose(0, 1)": lambda t: t.transpose(0, 1),
     "t[:, 1]": lambda t: t[:, 1],
@@ -237,7 +238,7 @@ operations = {
     "t[[0, 1]] (index with a list)": lambda t: t[[0, 1]],
     "t.clone()": lambda t: t.clone(),
 }
-rows = [[f"`{name}`", same_storage(op(base), base)] for name, op in operations.items()]
+rows = [[f"`{name}`", shares_storage(op(base), base)] for name, op in operations.items()]
 display(Table(["operation", "shares storage (view)"], rows))
 
 # %% [markdown]
@@ -275,7 +276,7 @@ assert view_refused
 
 # %%
 fresh = transposed.contiguous()
-assert not same_storage(fresh, base) and fresh.stride() == contiguous_strides(fresh.shape)
+assert not shares_storage(fresh, base) and fresh.stride() == contiguous_strides(fresh.shape)
 assert base.contiguous() is base
 
 # %% [markdown]
@@ -292,7 +293,7 @@ assert base.contiguous() is base
 candidates = {**views, "view(-1)[::2]": base.view(-1)[::2]}
 rows = []
 for name, v in candidates.items():
-    copies = not same_storage(v.reshape(-1), v)
+    copies = not shares_storage(v.reshape(-1), v)
     assert copies == (not flattens_to_view(v.shape, v.stride())), name
     rows.append([f"`{name}`", v.stride(), v.is_contiguous(), flattens_to_view(v.shape, v.stride()),
                  "copies" if copies else "view"])
@@ -342,7 +343,7 @@ w = torch.randn(cfg.d_model, cfg.d_ff, generator=g)
 y = x @ w  # (batch, seq, d_ff)
 torch.testing.assert_close(y, (x.reshape(-1, cfg.d_model) @ w).reshape(BATCH, SEQ, cfg.d_ff))
 expanded = w.expand(BATCH, -1, -1)
-assert expanded.stride()[0] == 0 and same_storage(expanded, w)
+assert expanded.stride()[0] == 0 and shares_storage(expanded, w)
 torch.testing.assert_close(y, torch.bmm(x, expanded))
 
 # %% [markdown]
@@ -384,11 +385,11 @@ torch.testing.assert_close(per_sequence_max, x.flatten(1).amax(dim=1))
 
 # %%
 q = split_heads(x, heads)  # (batch, heads, seq, d_head)
-assert q.shape == (BATCH, heads, SEQ, d_head) and same_storage(q, x) and not q.is_contiguous()
-assert same_storage(merge_heads(q), x)  # undoing the split: still the same bytes
+assert q.shape == (BATCH, heads, SEQ, d_head) and shares_storage(q, x) and not q.is_contiguous()
+assert shares_storage(merge_heads(q), x)  # undoing the split: still the same bytes
 attention_output = torch.randn(BATCH, heads, SEQ, d_head, generator=g)  # as attention returns it
 merged = merge_heads(attention_output)
-assert merged.shape == (BATCH, SEQ, cfg.d_model) and not same_storage(merged, attention_output)
+assert merged.shape == (BATCH, SEQ, cfg.d_model) and not shares_storage(merged, attention_output)
 torch.testing.assert_close(merged, attention_output.transpose(1, 2).reshape(merged.shape))
 
 # %% [markdown]
@@ -466,23 +467,10 @@ display(Table(["preset", "d_model", "n_layers", "n_heads", "d_ff", "vocab", "emb
 # ```
 
 # %%
-def one_training_step(dtype):
-    """A fresh model in `dtype` after one AdamW step on random tokens (so every state tensor exists)."""
-    model = Transformer(cfg).to(device=env.device(), dtype=dtype)
-    model.init_weights(seed=SEED)
-    optimizer = torch.optim.AdamW(model.parameters())
-    generator = torch.Generator().manual_seed(SEED)
-    tokens = torch.randint(cfg.vocab_size, (BATCH, SEQ + 1), generator=generator).to(env.device())
-    next_token_loss(model, tokens).backward()
-    optimizer.step()
-    return model, optimizer
-
-
-# %%
 n = count_params(cfg)
 rows, measured_per_param = [], {}
 for recipe_name, dtype in (("fp32_adamw", torch.float32), ("bf16_pure_adamw", torch.bfloat16)):
-    measured = training_state_bytes(*one_training_step(dtype))
+    measured = training_state_bytes(*state_after_one_step(cfg, dtype=dtype, batch=BATCH, seq=SEQ, seed=SEED))
     predicted = memory.model_state_breakdown(n, recipe_name)
     assert predicted["master"] == 0  # neither recipe keeps a second copy of the weights
     for kind in ("weights", "grads", "optimizer"):

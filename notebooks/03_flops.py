@@ -41,7 +41,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from mlsys import bench, hardware, plotting, roofline
 from mlsys.accounting import flops
 from mlsys.accounting.params import count_params, param_counts
-from mlsys.book import Table, glue
+from mlsys.book import Table, glue, num
 from mlsys.models.config import TransformerConfig
 from mlsys.models.train import make_train_step
 from mlsys.models.transformer import Transformer
@@ -80,11 +80,6 @@ WARMUP, REPEATS = env.pick(smoke=(2, 5), cpu=(3, 10), gpu=(5, 20))
 
 # %% tags=["remove-cell"]
 SECONDS_PER_DAY = datetime.timedelta(days=1).total_seconds()
-
-
-def sig3(x):
-    """Three significant digits without exponent notation for values up to millions: 0.0123, 4.56, 1,234."""
-    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
 
 
 # %% [markdown]
@@ -396,7 +391,7 @@ for name in RULE_PRESETS:
     assert detailed == 6 * n_matmul + 12 * preset.n_layers * seq * preset.d_model  # the formula above
     six_n = flops.six_n_flops_per_token(pc.total)
     rows.append([f"`{name}`", seq, f"{pc.total:,}", f"{n_matmul:,}", f"{pc.embedding / pc.total:.1%}",
-                 sig3(six_n / 1e9), sig3(detailed / 1e9), f"{detailed / six_n:.3f}"])
+                 num(six_n / 1e9), num(detailed / 1e9), f"{detailed / six_n:.3f}"])
 
 # %% tags=["remove-input"]
 Table(["preset", "T (its context)", "N", "N_matmul", "embedding share of N", "6N (GFLOP/token)",
@@ -616,8 +611,8 @@ for s in TRAIN_SEQS:
     t = timings[s]
     mfus[s] = flops.mfu(train_flops[s], t.median_s, ceiling)
     spec_mfu = f"{flops.mfu(train_flops[s], t.median_s, spec_peak):.1%}" if spec_peak else "—"
-    rows.append([s, sig3(train_flops[s] / 1e9), sig3(fastest_s[s] * 1e3), sig3(t.median_s * 1e3),
-                 f"{sig3(t.p20_s * 1e3)} – {sig3(t.p80_s * 1e3)}", f"{t.median_s / fastest_s[s]:.2f}",
+    rows.append([s, num(train_flops[s] / 1e9), num(fastest_s[s] * 1e3), num(t.median_s * 1e3),
+                 f"{num(t.p20_s * 1e3)} – {num(t.p80_s * 1e3)}", f"{t.median_s / fastest_s[s]:.2f}",
                  f"{mfus[s]:.1%}", spec_mfu])
     # Sanity, not a law: a step's matmuls cannot beat the best bare matmul by much; > 1.5 means a wrong count
     # (asserted on a known GPU only; on a shared CPU a noisy ceiling measurement could trip it).
@@ -677,8 +672,8 @@ for name in RULE_PRESETS:
     step_flops = flops.transformer_flops(preset, BATCH, SEQ).training_matmul_flops
     six_n_step = flops.six_n_flops_per_token(count_params(preset)) * BATCH * SEQ
     step_s = flops.training_time_s(step_flops, 1, peak, STATED_MFU)
-    rows.append([f"`{name}`", f"{count_params(preset):,}", sig3(step_flops / 1e12), sig3(six_n_step / 1e12),
-                 sig3(step_s * 1e3), f"{BATCH * SEQ / step_s:,.0f}"])
+    rows.append([f"`{name}`", f"{count_params(preset):,}", num(step_flops / 1e12), num(six_n_step / 1e12),
+                 num(step_s * 1e3), f"{BATCH * SEQ / step_s:,.0f}"])
 small_step_s = flops.training_time_s(flops.transformer_flops(cfg, BATCH, SEQ).training_matmul_flops, 1, peak, STATED_MFU)
 for name, value in {"stated_mfu_pct": 100 * STATED_MFU, "small_step_ms": 1e3 * small_step_s}.items():
     glue(name, value)
@@ -742,13 +737,7 @@ pc = param_counts(small)
 n_matmul = pc.matmul
 t_half = n_matmul / (2 * small.n_layers * small.d_model)  # 12 L T D = 6 N_matmul
 
-
-def attention_share(seq):
-    mf = flops.transformer_flops(small, 1, seq)
-    return mf.n_layers * (mf.layer.attention_scores + mf.layer.attention_values) / mf.forward_matmul_flops
-
-
-assert attention_share(math.floor(t_half)) < 0.5 <= attention_share(math.ceil(t_half))
+assert flops.attention_share(small, math.floor(t_half)) < 0.5 <= flops.attention_share(small, math.ceil(t_half))
 glue("q2_t_half", t_half)
 glue("q2_over_context", t_half / small.context_length)
 print(f"T = N_matmul / (2 L D) = {t_half:,.1f} tokens")

@@ -37,6 +37,7 @@ from mlsys.kernels import _triton, elementwise, rmsnorm, softmax  # isort: skip
 from mlsys.kernels import benchmark as kernel_benchmark  # isort: skip
 
 import contextlib
+import functools
 import math
 import statistics
 
@@ -47,11 +48,11 @@ from IPython.display import display
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from mlsys import bench, hardware, results, roofline
+from mlsys import bench, hardware, plotting, results, roofline
 from mlsys.accounting import bytes as B
 from mlsys.accounting import flops
 from mlsys.accounting.dtypes import bytes_per_element
-from mlsys.book import Table, glue
+from mlsys.book import Table, glue, num
 from mlsys.plotting import COLORS, CYCLE, finish, subplots
 from mlsys.profiling import ByteCounter
 
@@ -80,26 +81,10 @@ EXAMPLE_ATTN = (1, 32, 4096, 128)  # batch heads seq d_head
 TORCH_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
-def sig3(x):
-    """Three significant digits without exponent notation for values up to millions."""
-    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
-
-
-def ms(seconds):
-    return sig3(seconds * 1e3)
-
-
-def roof_xs(lo, hi, *ridges):
-    """Intensities for drawing a roof: powers of two from 2**lo to 2**hi, plus the ridge points (the corners)."""
-    return sorted({2.0**e for e in range(lo, hi + 1)} | {r for r in ridges if 2.0**lo < r < 2.0**hi})
-
-
 MARKERS = ["o", "s", "D", "^", "v", "<", ">", "P", "X", "*", "h", "p"]
 
 
-def timed(fn, **kwargs):
-    """The chapter's one way to time: mlsys.bench with the profile's warm-up and repeats."""
-    return bench.benchmark(fn, warmup=kwargs.pop("warmup", WARMUP), repeats=kwargs.pop("repeats", REPEATS), **kwargs)
+timed = functools.partial(bench.benchmark, warmup=WARMUP, repeats=REPEATS)  # the chapter's one way to time
 
 
 # %% [markdown]
@@ -469,8 +454,7 @@ Table(["device", "HBM TB/s", "ridge fp32 (FLOP/B)", "ridge bf16", "ridge fp8"], 
 
 # %% tags=["remove-input"]
 fig, ax = subplots(width=9.0, height=4.2)
-xs = roof_xs(-5, 14, spec_roof.ridge_intensity)
-ax.plot(xs, [spec_roof.attainable_flop_per_s(i) for i in xs], color=COLORS["ceiling"], lw=2,
+plotting.roofline(ax, spec_roof, lo=-5, hi=14, lw=2,
         label=f"{SPEC.name} roof, {SPEC_DTYPE} (spec)")
 ax.axvline(spec_roof.ridge_intensity, color=COLORS["muted"], ls=":", lw=1)
 for color, marker, (op, i_op) in zip(CYCLE * 2, MARKERS, napkin["bf16"].items(), strict=False):
@@ -632,10 +616,10 @@ for name, n_flops, traffic, t, est in point_results:
     assert in_band or spec is None, f"{name}: measured / predicted = {ratio:.2f}, outside the sanity band"
     if not in_band:
         print(f"note: {name}: measured / predicted = {ratio:.2f}, outside 0.05-20 (a noisy or cached measurement)")
-    table_rows.append([name, f"{B.intensity(n_flops, traffic):.3g}", est.bound, ms(est.time_s), ms(t.median_s),
-                       f"{ms(t.p20_s)} – {ms(t.p80_s)}", f"{ratio:.2f}",
-                       sig3(bench.achieved_flop_per_s(n_flops, t.median_s) / 1e9),
-                       sig3(bench.achieved_bytes_per_s(traffic.total_bytes, t.median_s) / 1e9)])
+    table_rows.append([name, f"{B.intensity(n_flops, traffic):.3g}", est.bound, num(1e3 * est.time_s), num(1e3 * t.median_s),
+                       f"{num(1e3 * t.p20_s)} – {num(1e3 * t.p80_s)}", f"{ratio:.2f}",
+                       num(bench.achieved_flop_per_s(n_flops, t.median_s) / 1e9),
+                       num(bench.achieved_bytes_per_s(traffic.total_bytes, t.median_s) / 1e9)])
 ratios = {name: t.median_s / est.time_s for name, _, _, t, est in point_results}
 glue("ratio_mul", ratios["x * 2"])
 glue("ratio_big_matmul", ratios[f"matmul {n_big}"])
@@ -655,12 +639,11 @@ Table(["op", "I (FLOP/B)", "bound (measured roofs)", "predicted ms", "measured m
 # %% tags=["remove-input"]
 fig, ax = subplots(width=9.5, height=4.6)
 intensities = [B.intensity(f, tr) for _, f, tr, _, _ in point_results]
-xs = roof_xs(math.floor(math.log2(min(intensities))) - 1, math.ceil(math.log2(max(intensities))) + 3,
-             measured.ridge_intensity, *([spec_ceil.ridge_intensity] if spec_ceil is not None else []))
-ax.plot(xs, [measured.attainable_flop_per_s(i) for i in xs], color=COLORS["ceiling"], lw=2,
+lo, hi = math.floor(math.log2(min(intensities))) - 1, math.ceil(math.log2(max(intensities))) + 3
+plotting.roofline(ax, measured, lo=lo, hi=hi, lw=2,
         label=f"measured roof: {measured.flop_per_s / 1e9:,.0f} GFLOP/s, {measured.bytes_per_s / 1e9:,.1f} GB/s")
 if spec_ceil is not None:
-    ax.plot(xs, [spec_ceil.attainable_flop_per_s(i) for i in xs], color=COLORS["ceiling"], lw=1.2, ls="--",
+    plotting.roofline(ax, spec_ceil, lo=lo, hi=hi, lw=1.2, ls="--",
             label=f"{spec_ceil.label} roof")
 for color, marker, (name, n_flops, traffic, t, est) in zip(CYCLE * 2, MARKERS, point_results, strict=False):
     i_op = B.intensity(n_flops, traffic)
@@ -795,14 +778,14 @@ assert all(elementwise.eager_chain_bytes(n_w, SWEEP_DTYPE, k) == k * elementwise
 k_star = b_sweep * vector_ceil.ridge_intensity  # I = k / b reaches the ridge
 sweep_rows = []
 for k in KS:
-    row = [k, f"{k / b_sweep:.3g}", pred_fused[k].bound, ms(pred_fused[k].time_s)]
+    row = [k, f"{k / b_sweep:.3g}", pred_fused[k].bound, num(1e3 * pred_fused[k].time_s)]
     if sweep["fused"]:
         t = sweep["fused"][k]
-        row += [ms(t.median_s), sig3(flops_k[k] / t.median_s / 1e9),
-                sig3(elementwise.repeat_unary_bytes(n_w, SWEEP_DTYPE) / t.median_s / 1e9)]
+        row += [num(1e3 * t.median_s), num(flops_k[k] / t.median_s / 1e9),
+                num(elementwise.repeat_unary_bytes(n_w, SWEEP_DTYPE) / t.median_s / 1e9)]
     else:
         row += ["not run", "-", "-"]
-    row += [ms(pred_eager[k]), ms(sweep["eager"][k].median_s), sig3(flops_k[k] / sweep["eager"][k].median_s / 1e9)]
+    row += [num(1e3 * pred_eager[k]), num(1e3 * sweep["eager"][k].median_s), num(flops_k[k] / sweep["eager"][k].median_s / 1e9)]
     sweep_rows.append(row)
 sweep_note = {"triton": "the Triton kernel on the GPU",
               "torch.compile": "torch.compile of the chain (the CPU stand-in for the fused kernel)",
@@ -882,7 +865,7 @@ pred_2trip = elementwise.eager_chain_bytes(NUMEL, SWEEP_DTYPE, 2) / measured.byt
 pred_1trip = elementwise.repeat_unary_bytes(NUMEL, SWEEP_DTYPE) / measured.bytes_per_s
 eager_s = fusion["eager x.cos().cos() (2 ops)"].median_s
 fused_names = [n for n in fusion if n.startswith(("torch.compile", "Triton"))]
-fusion_rows = [[name, ms(t.median_s), f"{ms(t.p20_s)} – {ms(t.p80_s)}", f"{eager_s / t.median_s:.2f}"]
+fusion_rows = [[name, num(1e3 * t.median_s), f"{num(1e3 * t.p20_s)} – {num(1e3 * t.p80_s)}", f"{eager_s / t.median_s:.2f}"]
                for name, t in fusion.items()]
 if fused_names:
     best_fused = min(fused_names, key=lambda n: fusion[n].median_s)
@@ -932,31 +915,16 @@ plt.show()
 
 # %%
 glue("ops_per_sample", OPS_PER_SAMPLE)
-
-
-def per_op_s(n):
-    """Median seconds per in-place op on n fp32 elements, OPS_PER_SAMPLE ops per timed sample."""
-    t_ = torch.ones(n, device=device)
-
-    def run():
-        for _ in range(OPS_PER_SAMPLE):
-            t_.mul_(1.0)
-
-    return timed(run).median_s / OPS_PER_SAMPLE
-
-
+per_op_s = functools.partial(roofline.measure_op_time_s, ops_per_sample=OPS_PER_SAMPLE, device=device,
+                             warmup=WARMUP, repeats=REPEATS)
 sizes = list(OVERHEAD_SIZES)
 per_op_s(1)  # an untimed first round: one-time costs of the first tiny ops are not overhead per op
 t_n, t_2n = {}, {}
 for n in sizes:  # n and 2n back to back, so a change in the machine's load affects both alike
     t_n[n], t_2n[n] = per_op_s(n), per_op_s(2 * n)
 overhead_s = statistics.median(t_n[n] for n in sizes[:4])  # the four smallest sizes: 1 ... 64 elements
-
-
-def model_s(n):
-    return overhead_s + 2 * 4 * n / measured.bytes_per_s
-
-
+# the model: read and write 4 bytes per element, after a fixed overhead
+model_s = {m: roofline.overhead_time_s(2 * 4 * m, overhead_s, measured.bytes_per_s) for n in sizes for m in (n, 2 * n)}
 n_flat = overhead_s * measured.bytes_per_s / 8  # where moving the bytes takes as long as the overhead
 doubling = {n: t_2n[n] / t_n[n] for n in sizes}
 small_n, large_n = sizes[2], sizes[-1]
@@ -966,19 +934,19 @@ for name, value in {"overhead_us": overhead_s * 1e6, "n_flat": n_flat, "double_s
     glue(name, value)
 print(f"per-op overhead T0 = {overhead_s * 1e6:.2f} us; bytes take as long as T0 at n = {n_flat:,.0f} elements")
 Table(["n (fp32 elements)", "measured us / op", "model us / op", "T(2n) / T(n) measured", "T(2n) / T(n) model"],
-      [[f"{n:,}", sig3(t_n[n] * 1e6), sig3(model_s(n) * 1e6), f"{doubling[n]:.2f}",
-        f"{model_s(2 * n) / model_s(n):.2f}"] for n in sizes])
+      [[f"{n:,}", num(t_n[n] * 1e6), num(model_s[n] * 1e6), f"{doubling[n]:.2f}",
+        f"{model_s[2 * n] / model_s[n]:.2f}"] for n in sizes])
 
 # %% tags=["remove-input"]
 fig, (ax1, ax2) = subplots(1, 2, width=10.5, height=3.9)
 ax1.plot(sizes, [t_n[n] * 1e6 for n in sizes], "o-", color=COLORS["measured"], label="measured")
-ax1.plot(sizes, [model_s(n) * 1e6 for n in sizes], "-", color=COLORS["predicted"],
+ax1.plot(sizes, [model_s[n] * 1e6 for n in sizes], "-", color=COLORS["predicted"],
          label=r"model $T_0 + 8n/\beta$ (measured $T_0$, $\beta$)")
 ax1.axhline(overhead_s * 1e6, color=COLORS["ceiling"], lw=1, ls=":", label="per-op overhead $T_0$")
 ax1.axvline(n_flat, color=COLORS["muted"], lw=1, ls=":")
 finish(ax1, title="Time per op against size", xlabel="n (fp32 elements)", ylabel="µs per op", logx=2, logy=True)
 ax2.plot(sizes, [doubling[n] for n in sizes], "o-", color=COLORS["measured"], label="measured")
-ax2.plot(sizes, [model_s(2 * n) / model_s(n) for n in sizes], "-", color=COLORS["predicted"], label="model")
+ax2.plot(sizes, [model_s[2 * n] / model_s[n] for n in sizes], "-", color=COLORS["predicted"], label="model")
 ax2.axhline(1, color=COLORS["muted"], lw=1)
 ax2.axhline(2, color=COLORS["muted"], lw=1)
 finish(ax2, title="Double the size: T(2n) / T(n)", xlabel="n (fp32 elements)", ylabel="ratio", logx=2)
@@ -1034,7 +1002,7 @@ base = next(iter(remedies.values())).median_s
 remedy_rows = []
 for name, t in remedies.items():
     n_el = SMALL_NUMEL * (BIG_FACTOR if name.startswith("bigger") else 1)
-    remedy_rows.append([name, sig3(t.median_s * 1e6), sig3(t.median_s / (CHAIN_LEN * n_el) * 1e9),
+    remedy_rows.append([name, num(t.median_s * 1e6), num(t.median_s / (CHAIN_LEN * n_el) * 1e9),
                         f"{base / t.median_s:.2f}"])
 remedy_rows += [[name, note, "-", "-"] for name, note in remedy_notes.items()]
 big_name = f"bigger ops: eager, {CHAIN_LEN} ops on {BIG_FACTOR}x the elements"

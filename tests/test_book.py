@@ -54,3 +54,14 @@ def test_table_renders_html_and_text_and_checks_widths():
     assert repr(table).splitlines()[1].startswith("1   <x>")
     with pytest.raises(ValueError, match="row 0 has 1 cells for 2 columns"):
         book.Table(["a", "b"], [[1]])
+
+
+def test_num_formats_significant_digits_without_exponents_in_the_middle():
+    assert book.num(0.012345) == "0.0123"
+    assert book.num(4.5678) == "4.57"
+    assert book.num(123.4) == "123"
+    assert book.num(123456.7) == "123,457"
+    assert book.num(3.4e38, 6) == "3.4e+38"
+    assert book.num(65504.0, 6) == "65504"
+    with pytest.raises(ValueError, match="digits"):
+        book.num(1.0, 0)

@@ -105,3 +105,10 @@ def test_utilization_and_time():
 def test_bad_inputs(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_attention_share_crosses_one_half_where_12ltd_equals_6n_matmul():
+    cfg = TransformerConfig.preset("small")
+    t_half = param_counts(cfg).matmul / (2 * cfg.n_layers * cfg.d_model)
+    assert flops.attention_share(cfg, int(t_half)) < 0.5 <= flops.attention_share(cfg, int(t_half) + 1)
+    assert 0 < flops.attention_share(cfg, 16) < flops.attention_share(cfg, 4096) < 1

@@ -42,3 +42,18 @@ def test_stacked_bars_stack_and_validate():
 def test_bad_grid_is_rejected():
     with pytest.raises(ValueError, match="nrows"):
         plotting.subplots(0, 1)
+
+
+def test_roofline_draws_through_the_ridge():
+    from mlsys.roofline import Ceilings
+
+    roof = Ceilings(flop_per_s=100.0, bytes_per_s=10.0, label="toy")  # ridge at 10 FLOP/byte
+    fig, ax = plotting.subplots()
+    try:
+        plotting.roofline(ax, roof, lo=0, hi=6)
+        xs, ys = ax.lines[0].get_data()
+        assert 10.0 in list(xs) and max(ys) == 100.0 and ys[0] == 10.0
+        with pytest.raises(ValueError, match="lo"):
+            plotting.roofline(ax, roof, lo=3, hi=3)
+    finally:
+        plt.close(fig)

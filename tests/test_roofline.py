@@ -43,3 +43,14 @@ def test_bad_inputs():
         roofline.measure_matmul_flop_per_s([8], dtype="int8")
     with pytest.raises(ValueError, match="n_bytes"):
         roofline.measure_copy_bandwidth(2)
+
+
+def test_overhead_model_and_probe():
+    assert roofline.overhead_time_s(0, 5e-6, 1e9) == 5e-6
+    assert roofline.overhead_time_s(1e9, 5e-6, 1e9) == 1.0 + 5e-6
+    per_op = roofline.measure_op_time_s(16, ops_per_sample=5, device="cpu", repeats=3)
+    assert 1e-8 < per_op < 1e-2  # a tiny op costs at least a few ns and far less than 10 ms
+    with pytest.raises(ValueError, match="bytes_per_s > 0"):
+        roofline.overhead_time_s(1, 1e-6, 0)
+    with pytest.raises(ValueError, match="ops_per_sample"):
+        roofline.measure_op_time_s(16, ops_per_sample=0)

@@ -163,3 +163,11 @@ def test_bad_inputs_raise_clear_errors():
         S.kahan_sum(torch.arange(5), "fp16")
     with pytest.raises(TypeError, match="values must be a floating-point tensor"):
         S.sequential_sum(torch.tensor(1.0), "fp32")
+
+
+def test_run_starting_in_finds_the_long_run_of_a_binade():
+    prediction = S.plateau_sum(0.01, 1000, "fp16")
+    run = prediction.run_starting_in(4, 8)
+    assert 4 <= run.start < 8 and run.steps > 1 and run.ulp == 2.0**-8
+    with pytest.raises(ValueError, match="no run of equal additions"):
+        prediction.run_starting_in(1000, 2000)

@@ -164,3 +164,15 @@ def test_merge_heads_copies_a_contiguous_heads_tensor():
 def test_bad_input_names_the_argument_and_the_rule(call, error, message):
     with pytest.raises(error, match=message):
         call()
+
+
+def test_shares_storage():
+    import torch
+
+    from mlsys.tensors import shares_storage
+
+    x = torch.arange(12.0).view(3, 4)
+    assert shares_storage(x.t(), x) and shares_storage(x[1:], x)
+    assert not shares_storage(x.t().contiguous(), x) and not shares_storage(x.clone(), x)
+    with pytest.raises(TypeError, match="must be tensors"):
+        shares_storage(x, [1, 2])

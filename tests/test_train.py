@@ -3,7 +3,7 @@ import torch
 
 from mlsys.accounting.memory import model_state_breakdown
 from mlsys.accounting.params import count_params
-from mlsys.models.train import make_train_step, next_token_loss, training_state_bytes
+from mlsys.models.train import make_train_step, next_token_loss, state_after_one_step, training_state_bytes
 from mlsys.models.transformer import Transformer, TransformerConfig
 
 
@@ -33,14 +33,17 @@ def test_autocast_step_runs_in_bf16():
         make_train_step(model, optimizer, tokens, autocast_dtype="fp8")
 
 
-def test_state_bytes_match_the_fp32_adamw_recipe():
-    cfg, model, tokens = _setup()
-    optimizer = torch.optim.AdamW(model.parameters())
-    assert training_state_bytes(model, optimizer)["grads"] == 0
-    next_token_loss(model, tokens).backward()
-    optimizer.step()
+def test_state_bytes_are_zero_for_gradients_before_a_step():
+    cfg, model, _ = _setup()
+    assert training_state_bytes(model, torch.optim.AdamW(model.parameters()))["grads"] == 0
+
+
+@pytest.mark.parametrize(("dtype", "recipe"), [(torch.float32, "fp32_adamw"), (torch.bfloat16, "bf16_pure_adamw")])
+def test_state_bytes_after_one_step_match_the_recipe(dtype, recipe):
+    cfg = TransformerConfig()
+    model, optimizer = state_after_one_step(cfg, dtype=dtype, batch=2, seq=16, seed=0, device="cpu")
     measured = training_state_bytes(model, optimizer)
-    predicted = model_state_breakdown(count_params(cfg), "fp32_adamw")
+    predicted = model_state_breakdown(count_params(cfg), recipe)
     for kind in ("weights", "grads", "optimizer"):
         assert measured[kind] == predicted[kind], kind
     assert measured["step counters"] == 4 * len(list(model.parameters()))  # one fp32 scalar per tensor

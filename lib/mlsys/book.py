@@ -24,6 +24,16 @@ def glue(name: str, value: T) -> T:
     return value
 
 
+def num(x: float, digits: int = 3) -> str:
+    """`x` to `digits` significant digits, with thousands separators instead of an exponent
+    between 10**digits and 1e15: num(0.012345) = "0.0123", num(4.5678) = "4.57", num(123456) = "123,456"."""
+    if digits < 1:
+        raise ValueError(f"digits must be at least 1, got {digits}")
+    if 10**digits <= abs(x) < 1e15:
+        return f"{x:,.0f}"
+    return f"{x:.{digits}g}"
+
+
 class Table:
     """A small table that renders as HTML in the book and in Jupyter, and as aligned text in a terminal.
 

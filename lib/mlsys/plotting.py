@@ -77,3 +77,16 @@ def stacked_bars(ax, labels: Sequence[str], parts: dict[str, Sequence[float]], *
         bottoms = [b + v for b, v in zip(bottoms, values, strict=True)]
     if ylabel:
         ax.set_ylabel(ylabel)
+
+
+def roofline(ax, ceilings, *, lo: int, hi: int, **line_kwargs: Any) -> None:
+    """Draw the roof min(peak, intensity x bandwidth) of `ceilings` (an `mlsys.roofline.Ceilings`) from
+    intensity 2**lo to 2**hi FLOP/byte, through its ridge point, on log-log axes."""
+    if lo >= hi:
+        raise ValueError(f"lo ({lo}) must be below hi ({hi})")
+    xs = {2.0**e for e in range(lo, hi + 1)}
+    if 2.0**lo < ceilings.ridge_intensity < 2.0**hi:
+        xs.add(ceilings.ridge_intensity)  # the corner of the roof
+    xs = sorted(xs)
+    line_kwargs.setdefault("color", COLORS["ceiling"])
+    ax.plot(xs, [ceilings.attainable_flop_per_s(x) for x in xs], **line_kwargs)

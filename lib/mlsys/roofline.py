@@ -73,7 +73,42 @@ def estimate(flops: float, n_bytes: float, ceilings: Ceilings) -> Estimate:
     return Estimate(math_s=flops / ceilings.flop_per_s, memory_s=n_bytes / ceilings.bytes_per_s)
 
 
+def overhead_time_s(n_bytes: float, overhead_s: float, bytes_per_s: float) -> float:
+    """Time of a small memory-bound op: a fixed per-op overhead plus its bytes over the bandwidth.
+
+    Below n_bytes ~ overhead_s * bytes_per_s the overhead dominates and doubling the size barely
+    changes the time (the overhead-bound regime).
+    """
+    if n_bytes < 0 or overhead_s < 0 or bytes_per_s <= 0:
+        raise ValueError(f"n_bytes ({n_bytes}) and overhead_s ({overhead_s}) must be >= 0, bytes_per_s > 0")
+    return overhead_s + n_bytes / bytes_per_s
+
+
 # --- probes: measure the roofs of the running device ------------------------------------------------
+
+
+def measure_op_time_s(
+    n_elements: int, *, ops_per_sample: int = 20, device: str | None = None, warmup: int = 2, repeats: int = 10
+) -> float:
+    """Median seconds per in-place `t.mul_(1.0)` on `n_elements` fp32 values.
+
+    Each timed sample runs `ops_per_sample` ops back to back, so the timer's own cost (and on a GPU
+    the synchronization) is spread over many ops; for tiny tensors this is the per-op overhead.
+    """
+    import torch
+
+    from mlsys import bench, env
+
+    if n_elements < 1 or ops_per_sample < 1:
+        raise ValueError(f"n_elements ({n_elements}) and ops_per_sample ({ops_per_sample}) must be positive")
+    device = device or env.device()
+    t = torch.ones(n_elements, device=device)
+
+    def run() -> None:
+        for _ in range(ops_per_sample):
+            t.mul_(1.0)
+
+    return bench.benchmark(run, warmup=warmup, repeats=repeats, device=device).median_s / ops_per_sample
 
 
 def measure_copy_bandwidth(n_bytes: int, *, device: str | None = None, repeats: int = 10) -> float:

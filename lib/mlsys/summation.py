@@ -63,6 +63,13 @@ class SumPrediction:
         """n * addend in exact arithmetic: what the sum would be without rounding in the accumulator."""
         return float(self.n * Fraction(self.addend))
 
+    def run_starting_in(self, lo: float, hi: float) -> Segment:
+        """The first run of several equal additions that starts in [lo, hi); ValueError if there is none."""
+        for seg in self.segments:
+            if lo <= seg.start < hi and seg.steps > 1:
+                return seg
+        raise ValueError(f"no run of equal additions starts in [{lo}, {hi})")
+
     def trajectory(self) -> list[float]:
         """Partial sums after 1, 2, ..., n additions."""
         return [seg.after(j) for seg in self.segments for j in range(1, seg.steps + 1)]

@@ -138,6 +138,13 @@ def matmul_shape(a_shape: Sequence[int], b_shape: Sequence[int]) -> tuple[int, .
     return batch + (m if len(a) > 1 else ()) + (n if len(b) > 1 else ())  # a vector's 1 is dropped again
 
 
+def shares_storage(a: Tensor, b: Tensor) -> bool:
+    """Do `a` and `b` view the same storage (so writing through one changes the other)?"""
+    if not isinstance(a, Tensor) or not isinstance(b, Tensor):
+        raise TypeError(f"a and b must be tensors, got {type(a).__name__} and {type(b).__name__}")
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+
+
 def split_heads(x: Float[Tensor, "batch seq d_model"], n_heads: int) -> Float[Tensor, "batch heads seq d_head"]:
     """(batch, seq, d_model) -> (batch, heads, seq, d_head): a view, no bytes copied.
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from mlsys.accounting import require_positive_ints
+
 # Elementwise operations per element, documented estimates (exp, rsqrt, sigmoid counted as one op each).
 RMSNORM_OPS_PER_ELEMENT = 4  # square, add into the mean, scale by 1/rms, scale by the gain
 LAYERNORM_OPS_PER_ELEMENT = 7  # add into the mean, subtract it, square, add into the variance, scale, gain, bias
@@ -26,15 +28,9 @@ SWIGLU_OPS_PER_HIDDEN = 6  # silu(a) = a * sigmoid(a) ~ 5 (negate, exp, add, div
 RESIDUAL_OPS_PER_ELEMENT = 2  # two residual additions per block
 
 
-def _check(**sizes: int) -> None:
-    for name, value in sizes.items():
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-
 def matmul_flops(m: int, n: int, k: int) -> int:
     """2mnk: C[m, n] = A[m, k] @ B[k, n], one multiply and one add per term of each dot product."""
-    _check(m=m, n=n, k=k)
+    require_positive_ints(m=m, n=n, k=k)
     return 2 * m * n * k
 
 
@@ -94,7 +90,7 @@ class LayerFlops:
 
 def layer_flops(cfg, batch: int, seq: int) -> LayerFlops:
     """Per-component forward FLOPs of one block of `cfg` at this batch and sequence length."""
-    _check(batch=batch, seq=seq)
+    require_positive_ints(batch=batch, seq=seq)
     tokens, d, f = batch * seq, cfg.d_model, cfg.d_ff
     proj = linear_flops(tokens, d, d)
     return LayerFlops(
@@ -170,7 +166,7 @@ class ModelFlops:
 
 def transformer_flops(cfg, batch: int, seq: int) -> ModelFlops:
     """Forward FLOP breakdown of the book's transformer (see the module docstring for conventions)."""
-    _check(batch=batch, seq=seq)
+    require_positive_ints(batch=batch, seq=seq)
     tokens = batch * seq
     return ModelFlops(
         batch=batch,
@@ -189,6 +185,13 @@ def training_flops_per_token(cfg, seq: int) -> float:
     matmuls (everything but the embedding table and the norm gains) and the second term is attention.
     """
     return transformer_flops(cfg, 1, seq).training_matmul_flops / seq
+
+
+def attention_share(cfg, seq: int) -> float:
+    """Fraction of the forward matmul FLOPs spent on attention scores and weighted values at `seq`
+    (the part that grows with seq^2); it passes one half near seq = N_matmul / (2 n_layers d_model)."""
+    mf = transformer_flops(cfg, 1, seq)
+    return mf.n_layers * (mf.layer.attention_scores + mf.layer.attention_values) / mf.forward_matmul_flops
 
 
 def six_n_flops_per_token(n_params: int) -> int:

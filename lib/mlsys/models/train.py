@@ -57,6 +57,25 @@ def make_train_step(
     return step
 
 
+def state_after_one_step(
+    cfg, *, dtype: torch.dtype = torch.float32, batch: int, seq: int, seed: int, device: str | None = None
+) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """A fresh `Transformer(cfg)` in `dtype` and its AdamW after one step on random tokens, so every
+    piece of training state (gradients, both moments, the step counters) exists."""
+    from mlsys import env
+    from mlsys.models.transformer import Transformer
+
+    device = device or env.device()
+    model = Transformer(cfg).to(device=device, dtype=dtype)
+    model.init_weights(seed=seed)
+    optimizer = torch.optim.AdamW(model.parameters())
+    generator = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(cfg.vocab_size, (batch, seq + 1), generator=generator).to(device)
+    next_token_loss(model, tokens).backward()
+    optimizer.step()
+    return model, optimizer
+
+
 def training_state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, int]:
     """Bytes of the tensors training keeps, by kind: weights, grads, optimizer (per-parameter moments)
     and step counters (optimizer state smaller than its parameter, such as AdamW's scalar `step`)."""
