@@ -45,7 +45,7 @@ from mlsys.book import Table, glue, num
 from mlsys.models.config import TransformerConfig
 from mlsys.models.train import make_train_step
 from mlsys.models.transformer import Transformer
-from mlsys.profiling import count_model_flops
+from mlsys.models.counting import count_model_flops
 
 # %% tags=["parameters"]
 SEED = 0
@@ -288,7 +288,7 @@ Table(["component", "kind", "forward FLOPs (formula)", "GFLOP", "share of the bl
 # every operator still dispatches, so `FlopCounterMode` sees each matmul with its shapes and attributes it to
 # the module that ran it.
 
-# ```{literalinclude} ../lib/mlsys/profiling.py
+# ```{literalinclude} ../lib/mlsys/models/counting.py
 # :pyobject: count_model_flops
 # ```
 

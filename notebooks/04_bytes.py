@@ -51,10 +51,10 @@ from torch.utils._pytree import tree_leaves
 from mlsys import bench, hardware, plotting, results, roofline
 from mlsys.accounting import bytes as B
 from mlsys.accounting import flops
-from mlsys.accounting.dtypes import bytes_per_element
+from mlsys.dtypes import bytes_per_element
 from mlsys.book import Table, glue, num
 from mlsys.plotting import COLORS, CYCLE, finish, subplots
-from mlsys.profiling import ByteCounter
+from mlsys.counters import ByteCounter
 
 # %% tags=["parameters"]
 SEED = 0
@@ -339,7 +339,7 @@ Table(["matmul", "reads", "writes", "MB read (bf16)", "MB written"], lin_rows)
 # well. The tally below runs a real `nn.Linear` forward and backward under PyTorch's dispatcher and lists
 # every operation that touches $W$ or $dW$ (view operations such as the transpose `t` move no data and are
 # left out). It is a throwaway tool written for this page, a dozen lines; the library's `ByteCounter`
-# (`mlsys.profiling`) then checks the bytes of all three matmuls against `linear_traffic`.
+# (`mlsys.counters`) then checks the bytes of all three matmuls against `linear_traffic`.
 
 # %%
 class Touches(TorchDispatchMode):

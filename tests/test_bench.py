@@ -53,11 +53,11 @@ def test_provenance_says_what_produced_the_number():
 
 def test_bad_arguments_are_rejected_before_running():
     calls = []
-    with pytest.raises(ValueError, match="repeats must be >= 1"):
+    with pytest.raises(ValueError, match="repeats must be a positive integer"):
         bench.benchmark(lambda: calls.append(1), repeats=0)
-    with pytest.raises(ValueError, match="warmup must be >= 0"):
+    with pytest.raises(ValueError, match="warmup must be an integer >= 0"):
         bench.benchmark(lambda: calls.append(1), warmup=-1)
-    with pytest.raises(ValueError, match="device must be"):
+    with pytest.raises(ValueError, match="device='tpu' is not one of"):
         bench.benchmark(lambda: calls.append(1), device="tpu")
     with pytest.raises(TypeError, match="callable"):
         bench.benchmark(42)  # type: ignore[arg-type]
@@ -67,8 +67,10 @@ def test_bad_arguments_are_rejected_before_running():
 def test_derived_rates():
     assert bench.achieved_flop_per_s(2e12, 0.5) == 4e12
     assert bench.achieved_bytes_per_s(1e9, 2.0) == 5e8
-    with pytest.raises(ValueError, match="seconds must be positive"):
+    with pytest.raises(ValueError, match="seconds must be > 0"):
         bench.achieved_flop_per_s(1.0, 0.0)
+    with pytest.raises(ValueError, match="flops must be finite"):
+        bench.achieved_flop_per_s(float("nan"), 1.0)
 
 
 def test_str_is_readable():
@@ -95,3 +97,104 @@ def test_kept_cpu_memory_stops_page_faults_on_fresh_outputs():
     assert faults_default >= 19 * pages
     # kept: the heap grows during the first few calls (seen: 1 to 4 outputs' worth), then is reused
     assert faults_kept <= 8 * pages
+
+
+# --- interleaving and the consistency check, driven by a fake clock ----------------------------------
+
+
+class FakeClock:
+    """A clock that only moves when a fake operation runs: each op advances it by its next duration."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+    def op(self, durations):
+        it = iter(durations)
+
+        def run():
+            self.now += next(it)
+
+        return run
+
+
+def _steady(seconds):
+    while True:
+        yield seconds
+
+
+def _alternating(a, b):
+    while True:
+        yield a
+        yield b
+
+
+def _sentence(durations_of_op):
+    """The chain a chapter runs: interleaved copy probe and op, noise and roof checks, then a verdict."""
+    from mlsys import book, roofline
+
+    clock = FakeClock()
+    copy_bytes, op_bytes = 1e10, 1e10  # both move 10 GB per call
+    fns = {"copy": clock.op(_steady(1.0)), "x * 2": clock.op(durations_of_op)}
+
+    def check(timings):
+        roof = roofline.Ceilings(1e12, copy_bytes / timings["copy"].median_s, "fake")
+        points = [("x * 2", 0.0, op_bytes, timings["x * 2"].median_s)]
+        return bench.noise_problems(timings) + roofline.roof_problems(points, roof)
+
+    timings, consistency = bench.measure_consistently(fns, check, attempts=2, warmup=1, repeats=8, clock=clock,
+                                                      device="cpu")
+    roof = roofline.Ceilings(1e12, copy_bytes / timings["copy"].median_s, "fake")
+    est = roofline.estimate(0.0, op_bytes, roof)
+    text = book.verdict(f"x * 2 is {roofline.position(timings['x * 2'].median_s, est)}", consistency.problems)
+    return text, consistency
+
+
+def test_fake_clock_times_exactly_what_the_ops_take():
+    clock = FakeClock()
+    timings = bench.benchmark_interleaved({"a": clock.op(_steady(2.0)), "b": clock.op(_steady(0.5))},
+                                          warmup=2, repeats=5, clock=clock, device="cpu")
+    assert timings["a"].samples_s == (2.0,) * 5 and timings["b"].median_s == 0.5
+    assert bench.benchmark(clock.op(_steady(3.0)), warmup=1, repeats=3, clock=clock, device="cpu").median_s == 3.0
+
+
+def test_interleaving_rotates_the_order():
+    order = []
+    fns = {name: (lambda name=name: order.append(name)) for name in "abc"}
+    bench.benchmark_interleaved(fns, warmup=0, repeats=3, device="cpu")
+    assert order == list("abc" + "bca" + "cab")
+
+
+def test_consistent_timings_give_the_verdict():
+    text, consistency = _sentence(_steady(1.1))
+    assert consistency.ok and consistency.attempts == 1
+    assert text == "x * 2 is at the memory roof (1.10x the predicted time)"
+
+
+def test_noisy_timings_withhold_the_verdict_after_bounded_retries():
+    text, consistency = _sentence(_alternating(1.0, 3.0))
+    assert not consistency.ok and consistency.attempts == 2
+    assert text.startswith("no verdict") and "p80 / p20" in text and "at the memory roof" not in text
+
+
+def test_contradictory_timings_withhold_the_verdict():
+    text, consistency = _sentence(_steady(0.4))  # 2.5x faster than the copy probe: impossible
+    assert not consistency.ok
+    assert text.startswith("no verdict") and "ran 2.50x faster than the memory-bound roof" in text
+
+
+def test_a_retry_that_settles_gives_the_verdict():
+    first_noisy = iter([1.0, 3.0] * 5 + [1.2] * 100)  # attempt 1: warm-up + 8 noisy samples; then steady
+    text, consistency = _sentence(first_noisy)
+    assert consistency.ok and consistency.attempts == 2
+    assert text == "x * 2 is at the memory roof (1.20x the predicted time)"
+
+
+def test_drift_catches_a_load_that_starts_mid_run():
+    clock = FakeClock()
+    ramp = iter([1.0] * 5 + [2.0] * 5)  # warm-up 1, then 4 fast samples and 5 slow ones
+    timings = bench.benchmark_interleaved({"probe": clock.op(ramp)}, warmup=1, repeats=9, clock=clock, device="cpu")
+    problems = bench.noise_problems(timings)
+    assert any("moved by" in p for p in problems)

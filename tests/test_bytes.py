@@ -5,7 +5,7 @@ import torch
 
 from mlsys import hardware
 from mlsys.accounting import bytes as B
-from mlsys.profiling import ByteCounter as ByteTally
+from mlsys.counters import ByteCounter as ByteTally
 
 
 def test_square_matmul_intensity_is_2n_over_3_bytes():

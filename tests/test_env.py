@@ -63,3 +63,14 @@ def test_setup_triton_respects_an_explicit_choice(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     env.setup_triton()
     assert not env.triton_interpreted()
+
+
+@pytest.mark.parametrize("value", ["1", "true", "TRUE", "on", "yes", "y", "0", "false", "off", "no", "2", ""])
+def test_interpreter_flag_is_read_as_triton_reads_it(monkeypatch, value):
+    monkeypatch.setenv("TRITON_INTERPRET", value)
+    expected = value.lower() in ("1", "true", "on", "yes", "y")
+    assert env.triton_interpreted() is expected
+    if env.has_triton():  # Triton's own reading of the variable agrees
+        from triton._C.libtriton import getenv_bool
+
+        assert getenv_bool("TRITON_INTERPRET", False) is expected

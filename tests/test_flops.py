@@ -7,8 +7,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from mlsys import hardware
 from mlsys.accounting import flops
 from mlsys.accounting.params import count_params, param_counts
+from mlsys.models.counting import count_model_flops
 from mlsys.models.transformer import TransformerConfig
-from mlsys.profiling import count_model_flops
 
 PRESETS_UP_TO_XL = ["debug", "small", "medium", "large", "xl"]
 

@@ -16,7 +16,7 @@ from jaxtyping import Float, TypeCheckError, jaxtyped
 from torch import Tensor
 
 from mlsys import tensors
-from mlsys.models import transformer
+from mlsys.models import attention, transformer
 
 # The book's dimension vocabulary (DESIGN.md §3, notation page).
 VOCABULARY = {"batch", "seq", "d_model", "heads", "d_head", "d_ff", "vocab"}
@@ -60,13 +60,13 @@ def test_a_wrong_return_shape_is_caught():
 
 
 def test_attention_checks_that_q_k_v_agree():
-    attention = checked(transformer.naive_causal_attention)
+    attend = checked(attention.naive_causal_attention)
     q, k, v = _randn(2, 3, 5, 4), _randn(2, 3, 5, 4), _randn(2, 3, 5, 4)
-    assert attention(q, k, v).shape == (2, 3, 5, 4)
+    assert attend(q, k, v).shape == (2, 3, 5, 4)
     with pytest.raises(TypeCheckError, match="parameter 'v'"):
-        attention(q, k, _randn(2, 3, 7, 4))  # seq 7 against 5
+        attend(q, k, _randn(2, 3, 7, 4))  # seq 7 against 5
     with pytest.raises(TypeCheckError, match="parameter 'k'"):
-        attention(q, _randn(1, 3, 5, 4), v)  # batch 1 against 2
+        attend(q, _randn(1, 3, 5, 4), v)  # batch 1 against 2
 
 
 def test_symbolic_dimensions_are_evaluated():

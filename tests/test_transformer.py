@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from beartype import beartype
 from jaxtyping import TypeCheckError, jaxtyped
 
+from mlsys.models import attention
 from mlsys.models import transformer as tm
 from mlsys.models.config import ATTENTION_BACKENDS, PRESETS, TransformerConfig
 from mlsys.models.transformer import Transformer, apply_rope
@@ -36,7 +37,10 @@ def test_defaults_are_the_debug_preset_and_presets_build():
     assert (small.d_model, small.d_ff, small.n_layers, small.n_heads, small.d_head) == (768, 3072, 12, 12, 64)
     assert (small.vocab_size, small.context_length, small.attention) == (10_000, 1_024, "sdpa")
     assert tm.TransformerConfig is TransformerConfig  # re-exported
-    assert set(tm._ATTENTION) == set(ATTENTION_BACKENDS)
+    for name in ATTENTION_BACKENDS:  # the one registry: every name resolves to a function
+        assert callable(attention.backend(name)), name
+    with pytest.raises(ValueError, match="attention='flash' is not a known backend"):
+        attention.backend("flash")
 
 
 @pytest.mark.parametrize(
@@ -92,7 +96,7 @@ def test_naive_and_sdpa_attention_agree():
     tokens = random_tokens(DEBUG, batch=3, seq=37)
     torch.testing.assert_close(naive(tokens), sdpa(tokens), rtol=1e-10, atol=1e-10)
     q, k, v = torch.randn(3, 2, 3, 37, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-    torch.testing.assert_close(tm.naive_causal_attention(q, k, v), tm.sdpa_causal_attention(q, k, v))
+    torch.testing.assert_close(attention.naive_causal_attention(q, k, v), attention.sdpa_causal_attention(q, k, v))
 
 
 @pytest.mark.parametrize("attention", ATTENTION_BACKENDS)
@@ -172,9 +176,9 @@ def test_meta_then_materialize_matches_direct_init():
 
 def test_jaxtyping_annotations_hold_at_runtime(monkeypatch):
     checked = lambda fn: jaxtyped(typechecker=beartype)(fn)  # noqa: E731
-    for fn_name in ("apply_rope", "naive_causal_attention", "sdpa_causal_attention"):
-        monkeypatch.setattr(tm, fn_name, checked(getattr(tm, fn_name)))
-    monkeypatch.setitem(tm._ATTENTION, "naive", tm.naive_causal_attention)
+    monkeypatch.setattr(tm, "apply_rope", checked(tm.apply_rope))
+    for fn_name in ("naive_causal_attention", "sdpa_causal_attention"):  # resolved when the model is built
+        monkeypatch.setattr(attention, fn_name, checked(getattr(attention, fn_name)))
     for cls in (tm.RMSNorm, tm.CausalSelfAttention, tm.SwiGLU, tm.Block, tm.Transformer):
         monkeypatch.setattr(cls, "forward", checked(cls.forward))
     model = build()

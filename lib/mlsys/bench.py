@@ -6,7 +6,14 @@ on CPU. Warm-up calls (compilation, autotuning, caches) are excluded explicitly.
 reported with the 20th and 80th percentiles, never a lone mean.
 
 Every `Timing` carries `provenance()`: device, versions, date and git commit, so a number printed in
-the book or written under `results/` says what produced it. Used in: every measuring chapter.
+the book or written under `results/` says what produced it.
+
+A measurement is compared with something, usually a ceiling. `benchmark_interleaved` times several
+functions round-robin in one run, so a ceiling probe and the operations compared with it share the
+same moments of a noisy machine; `measure_consistently` re-measures (a bounded number of times)
+until a consistency check passes, and reports what stayed inconsistent so that a page can withhold
+its verdict. The clock is an argument: tests drive all of it with a fake one.
+Used in: every measuring chapter.
 """
 
 from __future__ import annotations
@@ -14,18 +21,28 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import datetime as _dt
+import math
 import platform
 import shlex
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mlsys import env
+from mlsys import checks, env
+
+Clock = Callable[[], float]
+"""Seconds from an arbitrary origin; `time.perf_counter` unless a test passes a fake one."""
+
+MAX_SPREAD = 1.5
+"""A timing whose p80 / p20 exceeds this is too noisy to interpret (re-measured, then reported)."""
+MAX_DRIFT = 0.25
+"""A probe whose median moves by more than this fraction between the first and the second half of
+its repeats (the machine's load changed during the run) is re-measured, then reported."""
 
 
 @dataclass(frozen=True)
@@ -57,6 +74,24 @@ class Timing:
     def spread(self) -> float:
         """(p80 - p20) / median: the relative spread of the middle 60% of samples."""
         return (self.p80_s - self.p20_s) / self.median_s if self.median_s > 0 else 0.0
+
+    @property
+    def spread_ratio(self) -> float:
+        """p80 / p20: 1 for a perfectly steady timing."""
+        return self.p80_s / self.p20_s if self.p20_s > 0 else math.inf
+
+    @property
+    def drift(self) -> float:
+        """|median of the later half - median of the earlier half| / median of the earlier half.
+
+        Samples are in time order, so this is how much the timing moved during the run (0 with fewer
+        than 4 samples, where halves mean nothing).
+        """
+        n = len(self.samples_s)
+        if n < 4:
+            return 0.0
+        early, late = statistics.median(self.samples_s[: n // 2]), statistics.median(self.samples_s[n // 2 :])
+        return abs(late - early) / early if early > 0 else math.inf
 
     def __str__(self) -> str:
         return (
@@ -90,6 +125,14 @@ def _synchronize(device: str) -> None:
         torch.mps.synchronize()
 
 
+def _check_timing_arguments(warmup: object, repeats: object, device: str | None) -> str:
+    checks.nonnegative_int(warmup, "warmup")
+    checks.positive_int(repeats, "repeats")
+    device = env.device() if device is None else device
+    checks.choice(device, "device", ("cuda", "mps", "cpu"))
+    return device
+
+
 def benchmark(
     fn: Callable[[], Any],
     *,
@@ -97,36 +140,105 @@ def benchmark(
     repeats: int = 20,
     device: str | None = None,
     min_time_s: float = 0.0,
+    clock: Clock | None = None,
 ) -> Timing:
     """Time `fn()` (no arguments): `warmup` untimed calls, then at least `repeats` timed ones.
 
     `device` defaults to `mlsys.env.device()`; on "cuda" each call is bracketed by CUDA events and
-    the device is synchronized, elsewhere `time.perf_counter` brackets a synchronized call.
-    `min_time_s` keeps repeating until the timed calls add up to at least that long.
+    the device is synchronized, elsewhere `clock` (default `time.perf_counter`) brackets a
+    synchronized call. `min_time_s` keeps repeating until the timed calls add up to that long.
     """
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
-    if warmup < 0:
-        raise ValueError(f"warmup must be >= 0, got {warmup}")
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
-    if min_time_s < 0:
-        raise ValueError(f"min_time_s must be >= 0, got {min_time_s}")
-    device = env.device() if device is None else device
-    if device not in ("cuda", "mps", "cpu"):
-        raise ValueError(f"device must be 'cuda', 'mps' or 'cpu', got {device!r}")
-
+    device = _check_timing_arguments(warmup, repeats, device)
+    checks.nonnegative(min_time_s, "min_time_s")
     for _ in range(warmup):
         fn()
     _synchronize(device)
 
     samples: list[float] = []
     while len(samples) < repeats or sum(samples) < min_time_s:
-        samples.append(_time_once(fn, device))
+        samples.append(_time_once(fn, device, clock or time.perf_counter))
     return Timing(samples_s=tuple(samples), warmup=warmup, device=device, provenance=provenance())
 
 
-def _time_once(fn: Callable[[], Any], device: str) -> float:
+def benchmark_interleaved(
+    fns: Mapping[str, Callable[[], Any]],
+    *,
+    warmup: int = 2,
+    repeats: int = 10,
+    device: str | None = None,
+    clock: Clock | None = None,
+) -> dict[str, Timing]:
+    """Time several functions round-robin: `repeats` rounds, each calling every function once.
+
+    The order rotates from round to round, so no function always follows the same neighbour. A
+    ceiling probe timed this way with the operations it is compared to sees the same moments of
+    the machine's load: the comparison is fair even when the load changes during the run.
+    """
+    if not fns or not all(callable(f) for f in fns.values()):
+        raise TypeError("fns must be a non-empty mapping of names to callables")
+    device = _check_timing_arguments(warmup, repeats, device)
+    names = list(fns)
+    for name in names:
+        for _ in range(warmup):
+            fns[name]()
+    _synchronize(device)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(repeats):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            samples[name].append(_time_once(fns[name], device, clock or time.perf_counter))
+    stamp = provenance()
+    return {n: Timing(tuple(samples[n]), warmup, device, provenance=stamp) for n in names}
+
+
+@dataclass(frozen=True)
+class Consistency:
+    """What the consistency check said after the last attempt: no problems means the numbers hold."""
+
+    problems: tuple[str, ...]
+    attempts: int
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def noise_problems(
+    timings: Mapping[str, Timing], *, max_spread: float = MAX_SPREAD, max_drift: float = MAX_DRIFT
+) -> list[str]:
+    """The timings whose spread (p80 / p20) or drift between halves exceeds the thresholds, as sentences."""
+    problems = []
+    for name, t in timings.items():
+        if t.spread_ratio > max_spread:
+            problems.append(f"{name}: p80 / p20 = {t.spread_ratio:.2f} (more than {max_spread:g})")
+        if t.drift > max_drift:
+            problems.append(f"{name}: moved by {t.drift:.0%} during the run (more than {max_drift:.0%})")
+    return problems
+
+
+def measure_consistently(
+    fns: Mapping[str, Callable[[], Any]],
+    check: Callable[[dict[str, Timing]], list[str]],
+    *,
+    attempts: int = 3,
+    **timing_kwargs: Any,
+) -> tuple[dict[str, Timing], Consistency]:
+    """`benchmark_interleaved(fns)` until `check(timings)` finds no problem, at most `attempts` times.
+
+    Returns the last timings and what `check` still found in them: a caller shows the numbers in any
+    case, and its verdict only when `Consistency.ok`.
+    """
+    checks.positive_int(attempts, "attempts")
+    used = 0
+    while True:
+        timings = benchmark_interleaved(fns, **timing_kwargs)
+        problems, used = check(timings), used + 1
+        if not problems or used == attempts:
+            return timings, Consistency(tuple(problems), used)
+
+
+def _time_once(fn: Callable[[], Any], device: str, clock: Clock) -> float:
     if device == "cuda":
         import torch
 
@@ -136,10 +248,10 @@ def _time_once(fn: Callable[[], Any], device: str) -> float:
         end.record()
         end.synchronize()
         return start.elapsed_time(end) / 1e3  # elapsed_time is in ms
-    t0 = time.perf_counter()
+    t0 = clock()
     fn()
     _synchronize(device)
-    return time.perf_counter() - t0
+    return clock() - t0
 
 
 def git_commit(repo: Path | None = None) -> str:
@@ -178,16 +290,12 @@ def provenance() -> dict[str, Any]:
 
 def achieved_flop_per_s(flops: float, seconds: float) -> float:
     """FLOP/s achieved when `flops` of work takes `seconds`."""
-    if seconds <= 0:
-        raise ValueError(f"seconds must be positive, got {seconds}")
-    return flops / seconds
+    return checks.nonnegative(flops, "flops") / checks.positive(seconds, "seconds")
 
 
 def achieved_bytes_per_s(n_bytes: float, seconds: float) -> float:
     """Bytes/s achieved when `n_bytes` of traffic takes `seconds`."""
-    if seconds <= 0:
-        raise ValueError(f"seconds must be positive, got {seconds}")
-    return n_bytes / seconds
+    return checks.nonnegative(n_bytes, "n_bytes") / checks.positive(seconds, "seconds")
 
 
 # glibc <malloc.h> parameters and their defaults (mallopt(3)).

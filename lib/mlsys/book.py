@@ -1,14 +1,21 @@
-"""Helpers for the book's pages: put numbers computed by code into the prose.
+"""Helpers for the book's pages: put numbers computed by code, and words computed from numbers, into the prose.
 
 `glue(name, value)` hands a value to MyST-NB so the Markdown can say {glue:text}`name:,` instead of
 a hand-typed number. Outside a book build (Colab, a plain Jupyter) MyST-NB may be absent; then the
 value is simply returned, because the same cell's printed output already shows it.
+
+Words that interpret a measurement are built from the numbers too: `compare_speed` says which of two
+is faster and by how much, and `verdict` shows an interpretation only when the consistency checks
+found nothing, and otherwise says what was inconsistent and withholds it. `Table` renders a table
+in a chapter and `markdown_table` one in a one-pager.
 """
 
 from __future__ import annotations
 
 import importlib.util
 from typing import TypeVar
+
+from mlsys import checks
 
 T = TypeVar("T")
 
@@ -24,6 +31,32 @@ def glue(name: str, value: T) -> T:
     return value
 
 
+def compare_speed(name_a: str, seconds_a: float, name_b: str, seconds_b: float, *, tie: float = 1.1) -> str:
+    """"A is 2.3x faster than B", "A is 1.5x slower than B", or "A and B take the same time (within
+    10%)" when the ratio is within `tie`; computed from the two times."""
+    checks.positive(seconds_a, "seconds_a")
+    checks.positive(seconds_b, "seconds_b")
+    checks.number(tie, "tie", minimum=1.0)
+    ratio = seconds_b / seconds_a
+    if 1 / tie <= ratio <= tie:
+        return f"{name_a} and {name_b} take the same time (within {tie - 1:.0%}: {ratio:.2f}x)"
+    if ratio > 1:
+        return f"{name_a} is {ratio:.2f}x faster than {name_b}"
+    return f"{name_a} is {1 / ratio:.2f}x slower than {name_b}"
+
+
+def verdict(text: str, problems: list[str] | tuple[str, ...]) -> str:
+    """`text` when `problems` is empty; otherwise a sentence that withholds it and lists the problems.
+
+    Chapters pass the consistency checks' findings, so a noisy machine never shows a verdict that
+    its own numbers contradict: the numbers stay on the page, the interpretation does not.
+    """
+    if not problems:
+        return text
+    listed = "; ".join(problems)
+    return f"no verdict: the measurements were not consistent enough to interpret ({listed})"
+
+
 def num(x: float, digits: int = 3) -> str:
     """`x` to `digits` significant digits, with thousands separators instead of an exponent
     between 10**digits and 1e15: num(0.012345) = "0.0123", num(4.5678) = "4.57", num(123456) = "123,456"."""
@@ -32,6 +65,14 @@ def num(x: float, digits: int = 3) -> str:
     if 10**digits <= abs(x) < 1e15:
         return f"{x:,.0f}"
     return f"{x:.{digits}g}"
+
+
+def markdown_table(header: list[object], rows: list[list[object]]) -> str:
+    """A MyST/GitHub Markdown table (for a one-pager cell that prints Markdown); cells via `str()`."""
+    Table(header, rows)  # the same width checks as Table
+    lines = ["| " + " | ".join(map(str, header)) + " |", "|" + " --- |" * len(header)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
 
 
 class Table:

@@ -69,9 +69,14 @@ def has_triton() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
+TRUE_SPELLINGS = ("1", "true", "on", "yes", "y")
+"""Values of a boolean environment variable that Triton reads as true (case-insensitive), as its
+`getenv_bool` does; anything else is false."""
+
+
 def triton_interpreted() -> bool:
-    """Will Triton kernels run in the CPU interpreter (`TRITON_INTERPRET=1`)?"""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    """Will Triton kernels run in the CPU interpreter (`TRITON_INTERPRET` set to 1, true, on, yes)?"""
+    return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in TRUE_SPELLINGS
 
 
 def setup_triton() -> bool:

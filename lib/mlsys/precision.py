@@ -21,7 +21,8 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from mlsys.accounting.dtypes import canonical_dtype
+from mlsys.dtypes import DTYPES, torch_dtype
+from mlsys.dtypes import canonical as canonical_dtype
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,6 @@ class FloatFormat:
     exponent_bits: int
     mantissa_bits: int  # stored fraction bits; the significand has mantissa_bits + 1 bits
     finite_only: bool = False  # "fn": no infinities, all-ones pattern = NaN, overflow saturates to max
-    torch_dtype: str | None = None  # torch's name, None where torch has no such dtype (tf32)
 
     def __post_init__(self) -> None:
         if self.exponent_bits < 2 or self.mantissa_bits < 1:
@@ -82,22 +82,25 @@ class FloatFormat:
         return self.eps / 2
 
     @property
+    def torch_dtype(self) -> str | None:
+        """torch's name for the format (from `mlsys.dtypes`), None where torch has none (tf32)."""
+        return DTYPES[self.name].torch_name
+
+    @property
     def dtype(self) -> torch.dtype:
-        if self.torch_dtype is None:
-            raise ValueError(f"{self.name} has no torch dtype (it exists only inside matrix units)")
-        return getattr(torch, self.torch_dtype)
+        return torch_dtype(self.name)
 
 
 FORMATS: dict[str, FloatFormat] = {
     f.name: f
     for f in (
-        FloatFormat("fp64", 11, 52, torch_dtype="float64"),
-        FloatFormat("fp32", 8, 23, torch_dtype="float32"),
+        FloatFormat("fp64", 11, 52),
+        FloatFormat("fp32", 8, 23),
         FloatFormat("tf32", 8, 10),  # NVIDIA tensor-core input: fp32 range, fp16 precision, 19 bits
-        FloatFormat("fp16", 5, 10, torch_dtype="float16"),
-        FloatFormat("bf16", 8, 7, torch_dtype="bfloat16"),
-        FloatFormat("fp8_e4m3", 4, 3, finite_only=True, torch_dtype="float8_e4m3fn"),
-        FloatFormat("fp8_e5m2", 5, 2, torch_dtype="float8_e5m2"),
+        FloatFormat("fp16", 5, 10),
+        FloatFormat("bf16", 8, 7),
+        FloatFormat("fp8_e4m3", 4, 3, finite_only=True),
+        FloatFormat("fp8_e5m2", 5, 2),
     )
 }
 

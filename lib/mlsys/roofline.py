@@ -5,15 +5,26 @@
 A kernel doing `flops` work while moving `n_bytes` takes at least max(T_math, T_bytes) with
 T_math = flops / peak and T_bytes = n_bytes / bandwidth; the ridge point peak / bandwidth is the
 intensity where the two are equal. Ceilings come either from a spec (`mlsys.hardware`) or from
-the probes below, measured on the reader's own device. Used in: §sec-bytes, §sec-flops.
+`mlsys.probes`, measured on the reader's own device.
+
+The model is also a check: no kernel can beat its roof. `roof_problems` lists the measurements
+that do (by more than `ROOF_TOLERANCE`), which means the roof or the measurement is wrong (a noisy
+machine, a cache the probe did not see); `position` turns a measured time into words computed from
+the numbers. Pure: numbers in, numbers and sentences out. Used in: §sec-bytes, §sec-flops.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 
+from mlsys import checks
 from mlsys.hardware import Accelerator
+
+ROOF_TOLERANCE = 1.25
+"""A measurement may beat its roofline estimate by this factor before it counts as a contradiction:
+the bytes model counts each tensor once (a CPU's write-allocate reads and a GPU's L2 re-reads make
+the real roof a little different), and the probes have noise of their own."""
 
 
 @dataclass(frozen=True)
@@ -25,8 +36,8 @@ class Ceilings:
     label: str  # e.g. "H100 SXM spec (bf16)" or "measured on CPU (x86_64, 2 cores)"
 
     def __post_init__(self) -> None:
-        if self.flop_per_s <= 0 or self.bytes_per_s <= 0:
-            raise ValueError(f"ceilings must be positive, got {self.flop_per_s} FLOP/s and {self.bytes_per_s} B/s")
+        checks.positive(self.flop_per_s, "flop_per_s")
+        checks.positive(self.bytes_per_s, "bytes_per_s")
 
     @classmethod
     def from_spec(cls, accelerator: Accelerator, dtype: str = "bf16") -> Ceilings:
@@ -40,12 +51,12 @@ class Ceilings:
 
     def attainable_flop_per_s(self, intensity: float) -> float:
         """min(peak, intensity * bandwidth)."""
-        if intensity < 0:
-            raise ValueError(f"intensity must be >= 0, got {intensity}")
+        checks.nonnegative(intensity, "intensity")
         return min(self.flop_per_s, intensity * self.bytes_per_s)
 
     def bound(self, intensity: float) -> str:
         """"memory-bound" below the ridge point, "compute-bound" at or above it."""
+        checks.nonnegative(intensity, "intensity")
         return "compute-bound" if intensity >= self.ridge_intensity else "memory-bound"
 
 
@@ -68,8 +79,10 @@ class Estimate:
 
 def estimate(flops: float, n_bytes: float, ceilings: Ceilings) -> Estimate:
     """T_math = flops / peak and T_bytes = n_bytes / bandwidth for one kernel."""
-    if flops < 0 or n_bytes < 0:
-        raise ValueError(f"flops ({flops}) and n_bytes ({n_bytes}) must be >= 0")
+    checks.nonnegative(flops, "flops")
+    checks.nonnegative(n_bytes, "n_bytes")
+    if not isinstance(ceilings, Ceilings):
+        raise TypeError(f"ceilings must be a Ceilings, got {type(ceilings).__name__}")
     return Estimate(math_s=flops / ceilings.flop_per_s, memory_s=n_bytes / ceilings.bytes_per_s)
 
 
@@ -79,85 +92,48 @@ def overhead_time_s(n_bytes: float, overhead_s: float, bytes_per_s: float) -> fl
     Below n_bytes ~ overhead_s * bytes_per_s the overhead dominates and doubling the size barely
     changes the time (the overhead-bound regime).
     """
-    if n_bytes < 0 or overhead_s < 0 or bytes_per_s <= 0:
-        raise ValueError(f"n_bytes ({n_bytes}) and overhead_s ({overhead_s}) must be >= 0, bytes_per_s > 0")
-    return overhead_s + n_bytes / bytes_per_s
+    checks.nonnegative(n_bytes, "n_bytes")
+    checks.nonnegative(overhead_s, "overhead_s")
+    return overhead_s + n_bytes / checks.positive(bytes_per_s, "bytes_per_s")
 
 
-# --- probes: measure the roofs of the running device ------------------------------------------------
+def roof_problems(
+    points: Iterable[tuple[str, float, float, float]],
+    ceilings: Ceilings,
+    *,
+    tolerance: float = ROOF_TOLERANCE,
+) -> list[str]:
+    """The measurements that beat the roof: each point is (name, flops, n_bytes, measured seconds).
 
-
-def measure_op_time_s(
-    n_elements: int, *, ops_per_sample: int = 20, device: str | None = None, warmup: int = 2, repeats: int = 10
-) -> float:
-    """Median seconds per in-place `t.mul_(1.0)` on `n_elements` fp32 values.
-
-    Each timed sample runs `ops_per_sample` ops back to back, so the timer's own cost (and on a GPU
-    the synchronization) is spread over many ops; for tiny tensors this is the per-op overhead.
+    A point whose measured time is below its roofline estimate / `tolerance` is a contradiction (a
+    memory-bound op faster than the copy bandwidth allows, a matmul above the matmul ceiling). One
+    sentence per offender, with the numbers.
     """
-    import torch
-
-    from mlsys import bench, env
-
-    if n_elements < 1 or ops_per_sample < 1:
-        raise ValueError(f"n_elements ({n_elements}) and ops_per_sample ({ops_per_sample}) must be positive")
-    device = device or env.device()
-    t = torch.ones(n_elements, device=device)
-
-    def run() -> None:
-        for _ in range(ops_per_sample):
-            t.mul_(1.0)
-
-    return bench.benchmark(run, warmup=warmup, repeats=repeats, device=device).median_s / ops_per_sample
+    checks.number(tolerance, "tolerance", minimum=1.0)
+    problems = []
+    for name, flops, n_bytes, seconds in points:
+        predicted = estimate(flops, n_bytes, ceilings)
+        if checks.positive(seconds, f"seconds of {name}") * tolerance < predicted.time_s:
+            problems.append(
+                f"{name} ran {predicted.time_s / seconds:.2f}x faster than the {predicted.bound} roof "
+                f"allows (tolerance {tolerance:g}x)"
+            )
+    return problems
 
 
-def measure_copy_bandwidth(n_bytes: int, *, device: str | None = None, repeats: int = 10) -> float:
-    """Bytes/s of `dst.copy_(src)` on a buffer of `n_bytes`, counting read + write (2 * n_bytes per copy).
+def position(measured_s: float, predicted: Estimate, *, near: float = 1.5) -> str:
+    """Where a measured time sits against its roofline estimate, in words computed from the ratio.
 
-    Use a buffer several times larger than the last-level cache, or the probe measures the cache.
+    "at the memory roof (1.1x the predicted time)" within `near` of the estimate, otherwise "3.2x
+    slower than the compute roof predicts"; faster than the estimate says so (a contradiction the
+    caller should have caught with `roof_problems`).
     """
-    import torch
-
-    from mlsys import bench, env
-
-    if n_bytes < 4:
-        raise ValueError(f"n_bytes must be at least 4, got {n_bytes}")
-    device = device or env.device()
-    src = torch.ones(n_bytes // 4, dtype=torch.float32, device=device)
-    dst = torch.empty_like(src)
-    timing = bench.benchmark(lambda: dst.copy_(src), warmup=2, repeats=repeats, device=device)
-    return bench.achieved_bytes_per_s(2 * src.numel() * 4, timing.median_s)
-
-
-def measure_matmul_flop_per_s(
-    sizes: Sequence[int], *, dtype: str = "fp32", device: str | None = None, repeats: int = 5
-) -> dict[int, float]:
-    """FLOP/s of square N x N matmuls for each N in `sizes` (2 N^3 FLOPs each); the best is the roof."""
-    import torch
-
-    from mlsys import bench, env
-
-    torch_dtype = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}.get(dtype)
-    if torch_dtype is None:
-        raise ValueError(f"dtype must be 'fp32', 'fp16' or 'bf16', got {dtype!r}")
-    device = device or env.device()
-    out: dict[int, float] = {}
-    for n in sizes:
-        if n < 1:
-            raise ValueError(f"matmul sizes must be positive, got {n}")
-        a = torch.randn(n, n, device=device, dtype=torch_dtype)
-        b = torch.randn(n, n, device=device, dtype=torch_dtype)
-        timing = bench.benchmark(lambda a=a, b=b: a @ b, warmup=2, repeats=repeats, device=device)
-        out[n] = bench.achieved_flop_per_s(2 * n**3, timing.median_s)
-    return out
-
-
-def measured_ceilings(
-    *, copy_bytes: int, matmul_sizes: Sequence[int], dtype: str = "fp32", device: str | None = None
-) -> Ceilings:
-    """Both roofs of the running device, measured: best matmul FLOP/s and copy bandwidth."""
-    from mlsys import env
-
-    flop_per_s = max(measure_matmul_flop_per_s(matmul_sizes, dtype=dtype, device=device).values())
-    bytes_per_s = measure_copy_bandwidth(copy_bytes, device=device)
-    return Ceilings(flop_per_s, bytes_per_s, f"measured on {env.device_name()} ({dtype})")
+    checks.positive(measured_s, "measured_s")
+    checks.number(near, "near", minimum=1.0)
+    ratio = measured_s / predicted.time_s
+    roof = "memory roof" if predicted.bound == "memory-bound" else "compute roof"
+    if ratio < 1 / near:
+        return f"{1 / ratio:.2f}x faster than the {roof} allows"
+    if ratio <= near:
+        return f"at the {roof} ({ratio:.2f}x the predicted time)"
+    return f"{ratio:.1f}x slower than the {roof} predicts"

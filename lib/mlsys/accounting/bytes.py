@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mlsys.accounting import require_positive_ints
-from mlsys.accounting.dtypes import bytes_per_element
+from mlsys.checks import positive_ints
+from mlsys.dtypes import bytes_per_element
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ def intensity(flops: float, traffic: Traffic | int) -> float:
 
 def matmul_traffic(m: int, n: int, k: int, dtype: object = "bf16") -> Traffic:
     """C[m, n] = A[m, k] @ B[k, n]: read A and B once, write C once (all in `dtype`)."""
-    require_positive_ints(m=m, n=n, k=k)
+    positive_ints(m=m, n=n, k=k)
     b = bytes_per_element(dtype)
     return Traffic(read_bytes=(m * k + k * n) * b, write_bytes=m * n * b)
 
@@ -61,7 +61,7 @@ def batched_matmul_traffic(batch: int, m: int, n: int, k: int, dtype: object = "
     A shared operand is read once for the whole batch: that is why stacking a batch into one
     matmul (a linear layer over batch*seq tokens) raises intensity, and per-sample weights do not.
     """
-    require_positive_ints(batch=batch, m=m, n=n, k=k)
+    positive_ints(batch=batch, m=m, n=n, k=k)
     b = bytes_per_element(dtype)
     b_elements = k * n if shared_b else batch * k * n
     return Traffic(read_bytes=(batch * m * k + b_elements) * b, write_bytes=batch * m * n * b)
@@ -72,7 +72,7 @@ def batched_matmul_traffic(batch: int, m: int, n: int, k: int, dtype: object = "
 
 def elementwise_traffic(n_elements: int, dtype: object = "fp32", *, n_inputs: int = 1, n_outputs: int = 1) -> Traffic:
     """An elementwise op on `n_elements`: each input read once, each output written once."""
-    require_positive_ints(n_elements=n_elements, n_inputs=n_inputs, n_outputs=n_outputs)
+    positive_ints(n_elements=n_elements, n_inputs=n_inputs, n_outputs=n_outputs)
     b = bytes_per_element(dtype)
     return Traffic(read_bytes=n_inputs * n_elements * b, write_bytes=n_outputs * n_elements * b)
 
@@ -96,7 +96,7 @@ def softmax_traffic(rows: int, cols: int, dtype: object = "fp32") -> Traffic:
 
 def norm_traffic(rows: int, cols: int, dtype: object = "fp32", *, has_bias: bool = False) -> Traffic:
     """Fused RMSNorm (or LayerNorm with `has_bias`) forward: read x and the weight (and bias), write y."""
-    require_positive_ints(rows=rows, cols=cols)
+    positive_ints(rows=rows, cols=cols)
     b = bytes_per_element(dtype)
     params = cols * (2 if has_bias else 1)
     return Traffic(read_bytes=(rows * cols + params) * b, write_bytes=rows * cols * b)
@@ -132,7 +132,7 @@ def linear_traffic(
     once (grad_weight): 3 * d_in * d_out elements of weight-shaped traffic, of which only two are
     reads of W. With gradient accumulation (`dW += ...`) the old dW is read as well.
     """
-    require_positive_ints(tokens=tokens, d_in=d_in, d_out=d_out)
+    positive_ints(tokens=tokens, d_in=d_in, d_out=d_out)
     b = bytes_per_element(dtype)
     x, w, y = tokens * d_in * b, d_in * d_out * b, tokens * d_out * b
     return LinearTraffic(
@@ -151,7 +151,7 @@ def naive_attention_traffic(batch: int, heads: int, seq: int, d_head: int, dtype
     Reads Q, K (write S: seq^2), reads S (write P: seq^2), reads P and V (write O). The two
     seq x seq matrices make it 4 * seq^2 elements per head beyond Q, K, V and O.
     """
-    require_positive_ints(batch=batch, heads=heads, seq=seq, d_head=d_head)
+    positive_ints(batch=batch, heads=heads, seq=seq, d_head=d_head)
     b = bytes_per_element(dtype)
     bh = batch * heads
     qkvo = seq * d_head
@@ -169,10 +169,10 @@ def tiled_attention_traffic(
     With `block_q=None` the ideal: read Q, K, V once, write O once (4 * seq * d_head per head).
     With a query block size, each of the ceil(seq / block_q) query blocks streams all of K and V.
     """
-    require_positive_ints(batch=batch, heads=heads, seq=seq, d_head=d_head)
+    positive_ints(batch=batch, heads=heads, seq=seq, d_head=d_head)
     b = bytes_per_element(dtype)
     if block_q is not None:
-        require_positive_ints(block_q=block_q)
+        positive_ints(block_q=block_q)
     kv_passes = 1 if block_q is None else -(-seq // block_q)
     bh = batch * heads
     qkvo = seq * d_head

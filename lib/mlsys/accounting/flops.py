@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from mlsys.accounting import require_positive_ints
+from mlsys.checks import positive_ints
 
 # Elementwise operations per element, documented estimates (exp, rsqrt, sigmoid counted as one op each).
 RMSNORM_OPS_PER_ELEMENT = 4  # square, add into the mean, scale by 1/rms, scale by the gain
@@ -30,7 +30,7 @@ RESIDUAL_OPS_PER_ELEMENT = 2  # two residual additions per block
 
 def matmul_flops(m: int, n: int, k: int) -> int:
     """2mnk: C[m, n] = A[m, k] @ B[k, n], one multiply and one add per term of each dot product."""
-    require_positive_ints(m=m, n=n, k=k)
+    positive_ints(m=m, n=n, k=k)
     return 2 * m * n * k
 
 
@@ -90,7 +90,7 @@ class LayerFlops:
 
 def layer_flops(cfg, batch: int, seq: int) -> LayerFlops:
     """Per-component forward FLOPs of one block of `cfg` at this batch and sequence length."""
-    require_positive_ints(batch=batch, seq=seq)
+    positive_ints(batch=batch, seq=seq)
     tokens, d, f = batch * seq, cfg.d_model, cfg.d_ff
     proj = linear_flops(tokens, d, d)
     return LayerFlops(
@@ -166,7 +166,7 @@ class ModelFlops:
 
 def transformer_flops(cfg, batch: int, seq: int) -> ModelFlops:
     """Forward FLOP breakdown of the book's transformer (see the module docstring for conventions)."""
-    require_positive_ints(batch=batch, seq=seq)
+    positive_ints(batch=batch, seq=seq)
     tokens = batch * seq
     return ModelFlops(
         batch=batch,

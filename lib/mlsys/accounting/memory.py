@@ -17,7 +17,7 @@ import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from mlsys.accounting.dtypes import bytes_per_element
+from mlsys.dtypes import bytes_per_element
 
 
 @dataclass(frozen=True)

@@ -3,8 +3,12 @@
 Import-time step (the only one in the library, and deliberate): `mlsys.env.setup_triton()` runs
 before `import triton`. Without a CUDA device it sets `TRITON_INTERPRET=1`, because Triton reads
 that variable when a `@triton.jit` function is defined; kernels then run in Triton's CPU
-interpreter (slow, for correctness only). Triton itself may have been imported earlier (as
-`torch.utils.flop_counter` does): only the definitions below must come after the variable.
+interpreter (slow, for correctness only). Triton may have been imported before that, in compiled
+mode, by anything that imports it early (building a model on the meta device, `torch.compile`,
+`torch.utils.flop_counter`): then the `@jit` helpers of `triton.language` (`tl.max`, `tl.sum`, ...)
+were defined for the compiler and fail inside an interpreted kernel ("Cannot call @triton.jit'd
+outside of the scope of a kernel"). `_interpret_triton_language` re-wraps those helpers for the
+interpreter, so the kernels work whatever was imported first.
 
 Where Triton is not installed (macOS, Windows), `triton` and `tl` are stand-ins whose `jit` and
 `autotune` decorators let the kernel modules import; every launcher calls `require_triton`, which
@@ -47,6 +51,32 @@ else:  # macOS, Windows (tested in a subprocess that hides Triton)
     tl = types.SimpleNamespace(constexpr=int)  # type: ignore[assignment]
 
 INTERPRETED: bool = HAS_TRITON and env.triton_interpreted()
+
+
+def _interpret_triton_language() -> int:
+    """Re-wrap `triton.language`'s compiled-mode `@jit` helpers for the interpreter; returns how many.
+
+    Needed only when `triton.language` was imported before `TRITON_INTERPRET` was set (see the module
+    docstring); idempotent, and a no-op when everything was imported in interpreter mode.
+    """
+    import sys
+
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    rewrapped = 0
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == "triton.language" or name.startswith("triton.language.")):
+            continue
+        for attr, value in list(vars(module).items()):
+            if type(value) is JITFunction:
+                setattr(module, attr, InterpretedFunction(value.fn))
+                rewrapped += 1
+    return rewrapped
+
+
+if INTERPRETED:
+    _interpret_triton_language()
 
 KERNEL_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32)
 """Input dtypes the book's kernels accept; they compute in fp32 internally and store in the input dtype."""

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from mlsys import bench, env, hardware, results
-from mlsys.accounting.dtypes import canonical_dtype
+from mlsys.dtypes import canonical as canonical_dtype
 from mlsys.kernels import elementwise, rmsnorm, softmax
 
 EXPERIMENT = "fused_kernels"

@@ -19,7 +19,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from mlsys.accounting.dtypes import bytes_per_element
+from mlsys.dtypes import bytes_per_element
 from mlsys.kernels._triton import check_input, require_triton, tl, triton
 
 OPS = ("fma", "cos")

@@ -21,7 +21,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from mlsys.accounting.dtypes import bytes_per_element
+from mlsys.dtypes import bytes_per_element
 from mlsys.kernels._triton import (
     INTERPRETED,
     check_input,

@@ -25,7 +25,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from mlsys.accounting.dtypes import bytes_per_element
+from mlsys.dtypes import bytes_per_element
 from mlsys.kernels._triton import check_input, require_triton, row_autotune, tl, triton
 
 MAX_COLS = 65536

@@ -14,8 +14,13 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-ATTENTION_BACKENDS: tuple[str, ...] = ("naive", "sdpa")
-"""Attention implementations `mlsys.models.transformer` knows; chosen explicitly, never swapped quietly."""
+ATTENTION_BACKENDS: dict[str, str] = {
+    "naive": "mlsys.models.attention:naive_causal_attention",
+    "sdpa": "mlsys.models.attention:sdpa_causal_attention",
+}
+"""The one registry of attention implementations: name -> "module:function" (resolved, and imported, only
+by `mlsys.models.attention.backend`, so this file stays torch-free). The model's `attention` field
+takes any of these names; a backend is chosen explicitly and never swapped quietly."""
 
 _SIZE_FIELDS = ("vocab_size", "context_length", "d_model", "n_layers", "n_heads", "d_ff")
 
@@ -56,7 +61,8 @@ class TransformerConfig:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"{name} must be a positive number, got {value!r}")
         if self.attention not in ATTENTION_BACKENDS:
-            raise ValueError(f"attention={self.attention!r} is not a known backend; known: {ATTENTION_BACKENDS}")
+            known = ", ".join(ATTENTION_BACKENDS)
+            raise ValueError(f"attention={self.attention!r} is not a known backend; known: {known}")
 
     @property
     def d_head(self) -> int:

@@ -15,7 +15,11 @@ import torch.nn.functional as F
 from jaxtyping import Int
 from torch import Tensor, nn
 
-AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+from mlsys import checks
+from mlsys.dtypes import torch_dtype
+
+AUTOCAST_DTYPES = ("bf16", "fp16")
+"""Dtypes `make_train_step` can autocast matmuls to (their torch dtypes come from `mlsys.dtypes`)."""
 
 
 def next_token_loss(model: nn.Module, tokens: Int[Tensor, "batch seq_plus_1"]) -> Tensor:
@@ -32,22 +36,20 @@ def make_train_step(
     tokens: Int[Tensor, "batch seq_plus_1"],
     *,
     autocast_dtype: str | None = None,
-) -> Callable[[], float]:
-    """One training step on `tokens` as a callable returning the loss: forward, backward, update.
+) -> Callable[[], Tensor]:
+    """One training step on `tokens` as a callable returning the loss (a detached 0-d tensor, so the
+    step does not wait for the device): forward, backward, update.
 
     `autocast_dtype="bf16"` (or "fp16") runs the forward under `torch.autocast` on the tokens' device;
     None trains in the parameters' own dtype.
     """
-    if autocast_dtype is not None and autocast_dtype not in AUTOCAST_DTYPES:
-        raise ValueError(f"autocast_dtype={autocast_dtype!r}; expected None or one of {sorted(AUTOCAST_DTYPES)}")
+    if autocast_dtype is not None:
+        checks.choice(autocast_dtype, "autocast_dtype", (None, *AUTOCAST_DTYPES))
     device_type = tokens.device.type
+    low = torch_dtype(autocast_dtype or "bf16")
 
-    def step() -> float:
-        with torch.autocast(
-            device_type=device_type,
-            dtype=AUTOCAST_DTYPES.get(autocast_dtype or "bf16"),
-            enabled=autocast_dtype is not None,
-        ):
+    def step() -> Tensor:
+        with torch.autocast(device_type=device_type, dtype=low, enabled=autocast_dtype is not None):
             loss = next_token_loss(model, tokens)
         loss.backward()
         optimizer.step()

@@ -22,19 +22,19 @@ Used in: §sec-tensors-memory (chapter 02) and the attention, precision and para
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from mlsys.accounting.params import count_params, param_counts
+from mlsys.models.attention import backend as attention_backend
 from mlsys.models.config import ATTENTION_BACKENDS, PRESETS, TransformerConfig
+from mlsys.tensors import merge_heads, split_heads
 
 __all__ = [
     "ATTENTION_BACKENDS", "PRESETS", "TransformerConfig", "RMSNorm", "RotaryEmbedding", "apply_rope",
-    "naive_causal_attention", "sdpa_causal_attention", "CausalSelfAttention", "SwiGLU", "Block", "Transformer",
+    "CausalSelfAttention", "SwiGLU", "Block", "Transformer",
 ]  # fmt: skip
 
 INIT_STD = 0.02  # std of the normal init of every Linear and Embedding weight (GPT-2's choice)
@@ -101,31 +101,6 @@ def apply_rope(
     return rotated.flatten(-2)  # interleave the pairs back: (batch, heads, seq, d_head)
 
 
-def naive_causal_attention(
-    q: Float[Tensor, "batch heads seq d_head"],
-    k: Float[Tensor, "batch heads seq d_head"],
-    v: Float[Tensor, "batch heads seq d_head"],
-) -> Float[Tensor, "batch heads seq d_head"]:
-    """softmax(q k^T / sqrt(d_head) + causal mask) v, with the (seq x seq) score matrix materialized."""
-    seq, d_head = q.shape[-2], q.shape[-1]
-    scores = q @ k.transpose(-2, -1) / math.sqrt(d_head)  # (batch, heads, seq, seq)
-    future = torch.ones(seq, seq, dtype=torch.bool, device=q.device).triu(diagonal=1)
-    scores = scores.masked_fill(future, float("-inf"))  # query i may not look at keys j > i
-    return scores.softmax(dim=-1) @ v
-
-
-def sdpa_causal_attention(
-    q: Float[Tensor, "batch heads seq d_head"],
-    k: Float[Tensor, "batch heads seq d_head"],
-    v: Float[Tensor, "batch heads seq d_head"],
-) -> Float[Tensor, "batch heads seq d_head"]:
-    """The same function through PyTorch's fused kernel (flash / memory-efficient / math, its choice)."""
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
-
-
-_ATTENTION = {"naive": naive_causal_attention, "sdpa": sdpa_causal_attention}
-
-
 class CausalSelfAttention(nn.Module):
     """Multi-head causal self-attention with RoPE; 4 d_model^2 parameters (q, k, v, o; no biases)."""
 
@@ -134,6 +109,7 @@ class CausalSelfAttention(nn.Module):
         d = config.d_model
         self.n_heads, self.d_head = config.n_heads, config.d_head
         self.backend = config.attention  # recorded: the implementation that actually runs
+        self.attend = attention_backend(config.attention)
         self.q_proj = nn.Linear(d, d, bias=False)
         self.k_proj = nn.Linear(d, d, bias=False)
         self.v_proj = nn.Linear(d, d, bias=False)
@@ -145,17 +121,11 @@ class CausalSelfAttention(nn.Module):
         cos: Float[Tensor, "seq half"],
         sin: Float[Tensor, "seq half"],
     ) -> Float[Tensor, "batch seq d_model"]:
-        batch, seq, d_model = x.shape
-
-        def split_heads(t: Tensor) -> Tensor:  # (batch, seq, d_model) -> (batch, heads, seq, d_head)
-            return t.view(batch, seq, self.n_heads, self.d_head).transpose(1, 2)
-
-        q = apply_rope(split_heads(self.q_proj(x)), cos, sin)
-        k = apply_rope(split_heads(self.k_proj(x)), cos, sin)
-        v = split_heads(self.v_proj(x))
-        y = _ATTENTION[self.backend](q, k, v)  # (batch, heads, seq, d_head)
-        y = y.transpose(1, 2).reshape(batch, seq, d_model)  # concatenate the heads
-        return self.o_proj(y)
+        q = apply_rope(split_heads(self.q_proj(x), self.n_heads), cos, sin)  # (batch, heads, seq, d_head)
+        k = apply_rope(split_heads(self.k_proj(x), self.n_heads), cos, sin)
+        v = split_heads(self.v_proj(x), self.n_heads)
+        y = self.attend(q, k, v)  # (batch, heads, seq, d_head)
+        return self.o_proj(merge_heads(y))  # concatenate the heads: (batch, seq, d_model)
 
 
 class SwiGLU(nn.Module):

@@ -1,6 +1,7 @@
 import torch
 
-from mlsys.profiling import ByteCounter, count_bytes, count_model_flops
+from mlsys.counters import ByteCounter, StorageTouches, count_bytes
+from mlsys.models.counting import count_model_flops
 
 
 def test_counts_reads_and_writes_per_op():
@@ -36,5 +37,19 @@ def test_count_model_flops_on_meta_matches_the_formula():
     assert count_model_flops(cfg, 2, 33).get_total_flops() == transformer_flops(cfg, 2, 33).forward_matmul_flops
     import pytest
 
-    with pytest.raises(ValueError, match="seq \\(0\\)"):
+    with pytest.raises(ValueError, match="seq must be a positive integer"):
         count_model_flops(cfg, 1, 0)
+
+
+def test_storage_touches_finds_the_reads_of_w_and_the_write_of_dw():
+    layer = torch.nn.Linear(11, 13, bias=False)
+    x = torch.randn(7, 11, requires_grad=True)
+    layer(x).sum().backward()  # creates W.grad
+    with StorageTouches(W=layer.weight, dW=layer.weight.grad) as touches:
+        layer(x).sum().backward()  # the second step accumulates into dW
+    assert touches.count("W", kind="read") == 2  # the forward and dX
+    assert touches.count("dW", kind="write") == 1 and touches.count("dW", kind="read") == 1
+    import pytest
+
+    with pytest.raises(ValueError, match="not watched"):
+        touches.count("X", kind="read")

@@ -7,6 +7,9 @@ once and each output written once; views (outputs sharing an input's storage: tr
 a reshape that needs no copy) move nothing and are skipped, and 0-d tensors are scalars passed as
 arguments, not traffic. It cannot see caches: on a GPU a small tensor re-read from L2 still counts.
 
+`StorageTouches` answers a narrower question: which ops read or write the storage of a few named
+tensors (chapter 04 uses it to show that a linear layer's backward reads W once and writes dW once).
+
 Used in: §sec-bytes and the tests of `mlsys.accounting.bytes` and `mlsys.kernels`.
 """
 
@@ -77,26 +80,47 @@ def count_bytes(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> ByteCounte
     return counter
 
 
-def count_model_flops(cfg, batch: int, seq: int, *, backward: bool = False):
-    """Build `Transformer(cfg)` on the meta device and run it under `FlopCounterMode`.
+@dataclass(frozen=True)
+class Touch:
+    """One aten op (not a view) that touched a watched tensor: which names it read and wrote."""
 
-    Meta tensors have shapes but no storage: even the largest preset costs no memory and no
-    arithmetic runs, yet every operator dispatches, so the counter sees each matmul with its shapes
-    and attributes it to the module that ran it. Returns the counter (`get_total_flops()`,
-    `get_flop_counts()` keyed "Transformer.blocks.0.attn.q_proj", ...). With `backward`, the
-    backward of `logits.sum()` is counted too.
+    op: str
+    reads: tuple[str, ...]
+    writes: tuple[str, ...]
+
+
+class StorageTouches(TorchDispatchMode):
+    """Log the ops that read or write the storage of the named tensors: `StorageTouches(W=w, dW=w.grad)`.
+
+    A tensor counts as read when a view of its storage is an op's input and as written when it is
+    an output (in-place ops such as `add_` are both). View ops move no data and are left out.
     """
-    from torch.utils.flop_counter import FlopCounterMode
 
-    from mlsys.models.transformer import Transformer
+    def __init__(self, **tensors: torch.Tensor) -> None:
+        super().__init__()
+        for name, t in tensors.items():
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
+        self._storages = {name: t.untyped_storage().data_ptr() for name, t in tensors.items()}
+        self.touches: list[Touch] = []
 
-    if batch < 1 or seq < 1:
-        raise ValueError(f"batch ({batch}) and seq ({seq}) must be positive")
-    with torch.device("meta"):
-        model = Transformer(cfg)
-        tokens = torch.zeros(batch, seq, dtype=torch.long)
-        with FlopCounterMode(display=False) as counter:
-            logits = model(tokens)
-            if backward:
-                logits.sum().backward()
-    return counter
+    def _names(self, obj: Any) -> tuple[str, ...]:
+        ptrs = {t.untyped_storage().data_ptr() for t in tree_leaves(obj) if isinstance(t, torch.Tensor)}
+        return tuple(sorted(name for name, ptr in self._storages.items() if ptr in ptrs))
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if not func.is_view:
+            reads, writes = self._names((args, kwargs)), self._names(out)
+            if reads or writes:
+                self.touches.append(Touch(str(func), reads, writes))
+        return out
+
+    def count(self, name: str, *, kind: str) -> int:
+        """How many ops read (`kind="read"`) or wrote (`kind="write"`) the tensor called `name`."""
+        if name not in self._storages:
+            raise ValueError(f"name={name!r} is not watched; watched: {', '.join(self._storages)}")
+        if kind not in ("read", "write"):
+            raise ValueError(f"kind must be 'read' or 'write', got {kind!r}")
+        return sum(name in (t.reads if kind == "read" else t.writes) for t in self.touches)
