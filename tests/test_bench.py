@@ -31,7 +31,8 @@ def test_warmup_calls_are_not_timed():
 
 
 def test_min_time_keeps_repeating():
-    timing = bench.benchmark(lambda: time.sleep(0.002), warmup=0, repeats=1, min_time_s=0.02, device="cpu")
+    timing = bench.benchmark(lambda: time.sleep(0.002), warmup=0, repeats=1, min_time_s=0.02,
+                             device="cpu")
     assert sum(timing.samples_s) >= 0.02
     assert len(timing.samples_s) > 1
 
@@ -47,7 +48,8 @@ def test_quantiles_match_numpy():
 def test_provenance_says_what_produced_the_number():
     timing = bench.benchmark(lambda: None, warmup=0, repeats=2, device="cpu")
     record = timing.provenance
-    for key in ("device", "torch_version", "triton_version", "date", "git_commit", "command", "profile"):
+    keys = ("device", "torch_version", "triton_version", "date", "git_commit", "command", "profile")
+    for key in keys:
         assert key in record and record[key], key
 
 
@@ -99,11 +101,12 @@ def test_kept_cpu_memory_stops_page_faults_on_fresh_outputs():
     assert faults_kept <= 8 * pages
 
 
-# --- interleaving and the consistency check, driven by a fake clock ----------------------------------
+# --- interleaving and the consistency check, driven by a fake clock -------------------------------
 
 
 class FakeClock:
-    """A clock that only moves when a fake operation runs: each op advances it by its next duration."""
+    """A clock that only moves when a fake operation runs: each op advances it by its next
+    duration."""
 
     def __init__(self):
         self.now = 0.0
@@ -132,7 +135,8 @@ def _alternating(a, b):
 
 
 def _sentence(durations_of_op):
-    """The chain a chapter runs: interleaved copy probe and op, noise and roof checks, then a verdict."""
+    """The chain a chapter runs: interleaved copy probe and op, noise and roof checks, then a
+    verdict."""
     from mlsys import book, roofline
 
     clock = FakeClock()
@@ -144,20 +148,22 @@ def _sentence(durations_of_op):
         points = [("x * 2", 0.0, op_bytes, timings["x * 2"].median_s)]
         return bench.noise_problems(timings) + roofline.roof_problems(points, roof)
 
-    timings, consistency = bench.measure_consistently(fns, check, attempts=2, warmup=1, repeats=8, clock=clock,
-                                                      device="cpu")
+    timings, consistency = bench.measure_consistently(fns, check, attempts=2, warmup=1, repeats=8,
+                                                      clock=clock, device="cpu")
     roof = roofline.Ceilings(1e12, copy_bytes / timings["copy"].median_s, "fake")
     est = roofline.estimate(0.0, op_bytes, roof)
-    text = book.verdict(f"x * 2 is {roofline.position(timings['x * 2'].median_s, est)}", consistency.problems)
+    position = roofline.position(timings["x * 2"].median_s, est)
+    text = book.verdict(f"x * 2 is {position}", consistency.problems)
     return text, consistency
 
 
 def test_fake_clock_times_exactly_what_the_ops_take():
     clock = FakeClock()
-    timings = bench.benchmark_interleaved({"a": clock.op(_steady(2.0)), "b": clock.op(_steady(0.5))},
-                                          warmup=2, repeats=5, clock=clock, device="cpu")
+    fns = {"a": clock.op(_steady(2.0)), "b": clock.op(_steady(0.5))}
+    timings = bench.benchmark_interleaved(fns, warmup=2, repeats=5, clock=clock, device="cpu")
     assert timings["a"].samples_s == (2.0,) * 5 and timings["b"].median_s == 0.5
-    assert bench.benchmark(clock.op(_steady(3.0)), warmup=1, repeats=3, clock=clock, device="cpu").median_s == 3.0
+    timing = bench.benchmark(clock.op(_steady(3.0)), warmup=1, repeats=3, clock=clock, device="cpu")
+    assert timing.median_s == 3.0
 
 
 def test_interleaving_rotates_the_order():
@@ -176,7 +182,8 @@ def test_consistent_timings_give_the_verdict():
 def test_noisy_timings_withhold_the_verdict_after_bounded_retries():
     text, consistency = _sentence(_alternating(1.0, 3.0))
     assert not consistency.ok and consistency.attempts == 2
-    assert text.startswith("no verdict") and "p80 / p20" in text and "at the memory roof" not in text
+    assert text.startswith("no verdict") and "p80 / p20" in text
+    assert "at the memory roof" not in text
 
 
 def test_contradictory_timings_withhold_the_verdict():
@@ -186,7 +193,8 @@ def test_contradictory_timings_withhold_the_verdict():
 
 
 def test_a_retry_that_settles_gives_the_verdict():
-    first_noisy = iter([1.0, 3.0] * 5 + [1.2] * 100)  # attempt 1: warm-up + 8 noisy samples; then steady
+    # attempt 1: warm-up + 8 noisy samples; then steady
+    first_noisy = iter([1.0, 3.0] * 5 + [1.2] * 100)
     text, consistency = _sentence(first_noisy)
     assert consistency.ok and consistency.attempts == 2
     assert text == "x * 2 is at the memory roof (1.20x the predicted time)"
@@ -195,6 +203,7 @@ def test_a_retry_that_settles_gives_the_verdict():
 def test_drift_catches_a_load_that_starts_mid_run():
     clock = FakeClock()
     ramp = iter([1.0] * 5 + [2.0] * 5)  # warm-up 1, then 4 fast samples and 5 slow ones
-    timings = bench.benchmark_interleaved({"probe": clock.op(ramp)}, warmup=1, repeats=9, clock=clock, device="cpu")
+    timings = bench.benchmark_interleaved({"probe": clock.op(ramp)}, warmup=1, repeats=9,
+                                          clock=clock, device="cpu")
     problems = bench.noise_problems(timings)
     assert any("moved by" in p for p in problems)

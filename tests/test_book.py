@@ -1,5 +1,8 @@
-"""Consistency of the book's configuration with the repository."""
+"""Consistency of the book's configuration with the repository, and the page helpers."""
 
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -8,6 +11,25 @@ import yaml
 from mlsys import book
 
 ROOT = Path(__file__).resolve().parents[1]
+MAX_COLUMNS = 100
+PAGES = sorted((ROOT / "book").glob("*.md"))
+
+
+def _code_cells(page: Path) -> list[tuple[int, list[str]]]:
+    """(first line number, lines) of each executed MyST code cell (```{code-cell}) of `page`.
+
+    Plain fences (```python, ```bash) only show code and are left out.
+    """
+    cells, current, start = [], None, 0
+    for number, line in enumerate(page.read_text().splitlines(), start=1):
+        if current is None and line.startswith("```{code-cell}"):
+            current, start = [], number + 1
+        elif current is not None and line.startswith("```"):
+            cells.append((start, current))
+            current = None
+        elif current is not None:
+            current.append(line)
+    return cells
 
 
 def _toc_files():
@@ -31,13 +53,16 @@ def test_every_toc_entry_exists_and_every_chapter_is_listed():
 def test_chapter_install_cell_points_at_the_configured_repository():
     url = yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
     for chapter in (ROOT / "notebooks").glob("[0-9][0-9]_*.py"):
-        assert f"git+{url}" in chapter.read_text(), f"{chapter.name} installs from another URL than {url}"
+        text = chapter.read_text()
+        assert f"git+{url}" in text, f"{chapter.name} installs from another URL than {url}"
 
 
 def test_chapters_follow_the_skeleton():
     for chapter in (ROOT / "notebooks").glob("[0-9][0-9]_*.py"):
         text = chapter.read_text()
-        for marker in ('tags=["parameters"]', "env.describe()", "{admonition} Takeaway", "## Exercises", "## Summary"):
+        markers = ('tags=["parameters"]', "env.describe()", "{admonition} Takeaway",
+                   "## Exercises", "## Summary")  # fmt: skip
+        for marker in markers:
             assert marker in text, f"{chapter.name} lacks {marker!r}"
 
 
@@ -65,3 +90,51 @@ def test_num_formats_significant_digits_without_exponents_in_the_middle():
     assert book.num(65504.0, 6) == "65504"
     with pytest.raises(ValueError, match="digits"):
         book.num(1.0, 0)
+
+
+def test_code_cells_are_found_where_pages_execute_code():
+    assert _code_cells(ROOT / "book" / "hardware.md"), "the code-cell parser found nothing"
+    assert not _code_cells(ROOT / "book" / "bibliography.md")
+
+
+def test_no_page_defines_its_own_helpers():
+    """Tables, formatters and cost models come from `mlsys` (`book.markdown_table`, `book.num`,
+    `accounting`); a page's executed cells define no function. Code a page only shows belongs in
+    a plain fence (```python), which is not executed."""
+    found = []
+    for page in PAGES:
+        for start, lines in _code_cells(page):
+            for offset, line in enumerate(lines):
+                if re.match(r"\s*(async\s+)?def \w|\s*class \w", line):
+                    found.append(f"{page.name}:{start + offset}: {line.strip()}")
+    listed = "\n".join(found)
+    assert not found, f"pages define helpers (use mlsys.book / mlsys.accounting):\n{listed}"
+
+
+def test_glue_works_in_a_plain_script():
+    """Chapters run as scripts (no notebook kernel, tests/test_no_triton.py): glue must neither
+    fail nor print there."""
+    code = "from mlsys.book import glue; assert glue('x', 1.5) == 1.5; assert glue('y', 'z') == 'z'"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ""
+
+
+def _long_lines() -> list[str]:
+    sources = [*(ROOT / "notebooks").glob("*.py"), *(ROOT / "lib").rglob("*.py")]
+    found = []
+    for path in sorted(sources):
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            if len(line) > MAX_COLUMNS:
+                found.append(f"{path.relative_to(ROOT)}:{number} ({len(line)})")
+    for page in PAGES:
+        for start, lines in _code_cells(page):
+            for offset, line in enumerate(lines):
+                if len(line) > MAX_COLUMNS:
+                    found.append(f"{page.relative_to(ROOT)}:{start + offset} ({len(line)})")
+    return found
+
+
+def test_no_code_line_is_longer_than_100_columns():
+    found = _long_lines()
+    assert not found, f"{len(found)} lines over {MAX_COLUMNS} columns:\n" + "\n".join(found)

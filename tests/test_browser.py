@@ -1,10 +1,10 @@
 """Open the built book in real headless Chromium and check what a reader would see.
 
-Run by `make test` after the smoke build (`MLSYS_BOOK_HTML` points at the HTML folder). For the index
-and every page in `_toc.yml`: the title is there, every image loaded (naturalWidth > 0), notebook pages
-show at least as many figures as their executed notebook produced, no cell shows an error or
-traceback, math is present where the source has math, and no JavaScript error beyond the two known
-harmless ones. A full-page screenshot of each page goes to `_build/screenshots/`.
+Run by `make test` after the smoke build (`MLSYS_BOOK_HTML` points at the HTML folder). For the
+index and every page in `_toc.yml`: the title is there, every image loaded (naturalWidth > 0),
+notebook pages show at least as many figures as their executed notebook produced, no cell shows an
+error or traceback, math is present where the source has math, and no JavaScript error beyond the
+two known harmless ones. A full-page screenshot of each page goes to `_build/screenshots/`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[1]
 HTML = Path(os.environ.get("MLSYS_BOOK_HTML", ROOT / "_build" / "html")).resolve()
 SCREENSHOTS = ROOT / "_build" / "screenshots"
 # Logged by every page of a stock Jupyter Book 1 build (see shared/notes/jupyter-book.md).
-HARMLESS_JS_ERRORS = ("Identifier 'THEBE_JS_URL' has already been declared", "Got invalid theme mode")
+HARMLESS_JS_ERRORS = ("Identifier 'THEBE_JS_URL' has already been declared",
+                      "Got invalid theme mode")
 CHROMIUM_FLAGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -58,7 +59,8 @@ def _source(page: str) -> Path:
 
 
 def _figures_in_executed_notebook(page: str) -> int:
-    """How many image outputs the build's executed copy of a notebook page has (0 for plain pages)."""
+    """How many image outputs the build's executed copy of a notebook page has (0 for plain
+    pages)."""
     executed = HTML.parent / "jupyter_execute" / f"{page}.ipynb"
     if not executed.exists():
         return 0
@@ -67,7 +69,8 @@ def _figures_in_executed_notebook(page: str) -> int:
     return sum(
         1
         for cell in nb["cells"]
-        if cell["cell_type"] == "code" and not tags_removing_output & set(cell.get("metadata", {}).get("tags", []))
+        if cell["cell_type"] == "code"
+        and not tags_removing_output & set(cell.get("metadata", {}).get("tags", []))
         for out in cell.get("outputs", [])
         if "image/png" in out.get("data", {}) or "image/svg+xml" in out.get("data", {})
     )
@@ -115,13 +118,15 @@ def test_page_renders_cleanly(browser, name):
         assert page.locator("main h1").count() >= 1, "no page heading"
 
         images = page.evaluate(
-            "() => Array.from(document.querySelectorAll('main img')).map(i => [i.src, i.complete, i.naturalWidth])"
+            "() => Array.from(document.querySelectorAll('main img'))"
+            ".map(i => [i.src, i.complete, i.naturalWidth])"
         )
         broken = [src for src, complete, width in images if not complete or width == 0]
         assert not broken, f"images that did not load: {broken}"
         expected_figures = _figures_in_executed_notebook(name)
         shown = page.locator("main .cell_output img").count()
-        assert shown >= expected_figures, f"{shown} figures shown, the notebook produced {expected_figures}"
+        assert shown >= expected_figures, (
+            f"{shown} figures shown, the notebook produced {expected_figures}")
 
         text = page.locator("main").inner_text()
         assert "Traceback (most recent call last)" not in text
@@ -130,7 +135,8 @@ def test_page_renders_cleanly(browser, name):
         assert not [s for s in stderr if "Error" in s], stderr
 
         if MATH_IN_SOURCE.search(_source(name).read_text()):
-            assert page.locator("main .math, main mjx-container").count() > 0, "source has math, page has none"
+            math = page.locator("main .math, main mjx-container").count()
+            assert math > 0, "source has math, page has none"
 
         unexpected = [e for e in js_errors if not any(h in e for h in HARMLESS_JS_ERRORS)]
         assert not unexpected, unexpected

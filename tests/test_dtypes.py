@@ -30,7 +30,7 @@ def test_unknown_and_wrong_dtypes_are_clear_errors():
 
 
 def test_no_other_module_keeps_a_name_to_dtype_map():
-    """One registry: no hand-made {"fp32": torch.float32, ...} map anywhere else in lib/ or a chapter."""
+    """One registry: no hand-made {"fp32": torch.float32, ...} map elsewhere in lib/ or chapters."""
     from pathlib import Path
 
     root = Path(dtypes.__file__).resolve().parents[2]

@@ -65,7 +65,8 @@ def test_setup_triton_respects_an_explicit_choice(monkeypatch):
     assert not env.triton_interpreted()
 
 
-@pytest.mark.parametrize("value", ["1", "true", "TRUE", "on", "yes", "y", "0", "false", "off", "no", "2", ""])
+@pytest.mark.parametrize(
+    "value", ["1", "true", "TRUE", "on", "yes", "y", "0", "false", "off", "no", "2", ""])
 def test_interpreter_flag_is_read_as_triton_reads_it(monkeypatch, value):
     monkeypatch.setenv("TRITON_INTERPRET", value)
     expected = value.lower() in ("1", "true", "on", "yes", "y")

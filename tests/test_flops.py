@@ -1,4 +1,6 @@
-"""The FLOP formulas against torch.utils.flop_counter on the real model (meta device: no weights)."""
+"""The FLOP formulas against torch.utils.flop_counter on the real model (meta device: no data)."""
+
+import math
 
 import pytest
 import torch
@@ -65,7 +67,8 @@ def test_six_n_drifts_where_expected():
     assert long > 1.5
     # a small model: the embedding table is a large share of N but costs no FLOPs, so 6N overcounts
     debug = TransformerConfig.preset("debug")
-    assert flops.training_flops_per_token(debug, 16) / flops.six_n_flops_per_token(count_params(debug)) < 0.8
+    six_n = flops.six_n_flops_per_token(count_params(debug))
+    assert flops.training_flops_per_token(debug, 16) / six_n < 0.8
 
 
 def test_claimed_formulas_versus_the_counter():
@@ -85,30 +88,144 @@ def test_claimed_formulas_versus_the_counter():
 
 def test_utilization_and_time():
     h100 = hardware.H100_SXM
-    assert flops.mfu(h100.peak_flop_per_s("bf16"), 2.0, h100.peak_flop_per_s("bf16")) == 0.5
+    peak = h100.peak_flop_per_s("bf16")
+    assert flops.mfu(peak, 2.0, peak) == 0.5 and flops.hfu(peak, 1.0, peak, n_devices=4) == 0.25
     assert flops.hardware_training_flops(10, recompute="full") == 40
     days = flops.training_time_s(6 * 70e9 * 15e12, 1024, h100.peak_flop_per_s("bf16"), 0.5) / 86_400
     assert 140 < days < 148
 
 
-@pytest.mark.parametrize(
-    ("call", "message"),
-    [
-        (lambda: flops.matmul_flops(0, 1, 1), "m must be a positive integer"),
-        (lambda: flops.transformer_flops(TransformerConfig(), 1, -3), "seq must be a positive integer"),
-        (lambda: flops.six_n_flops_per_token(0), "n_params"),
-        (lambda: flops.mfu(1.0, 0.0, 1.0), "seconds"),
-        (lambda: flops.training_time_s(1.0, 1, 1.0, 1.5), "mfu must be in"),
-        (lambda: flops.hardware_training_flops(1.0, recompute="half"), "recompute='half'"),
-    ],
-)
-def test_bad_inputs(call, message):
-    with pytest.raises(ValueError, match=message):
+class Sizes:  # a duck-typed config
+    vocab_size, d_model, n_layers, n_heads, d_ff = 100, 16, 2, 4, 48
+
+
+class ZeroWidth(Sizes):
+    d_model = 0
+
+
+class FloatHeads(Sizes):
+    n_heads = 4.0
+
+
+CFG = TransformerConfig()
+NAN, INF = float("nan"), float("inf")
+
+INVALID_CALLS = [  # (call, error, message fragment)
+    (lambda: flops.matmul_flops(0, 1, 1), ValueError, "m must be a positive integer, got 0"),
+    (lambda: flops.matmul_flops(1, 1.5, 1), TypeError, "n must be an integer"),
+    (lambda: flops.matmul_flops(1, 1, True), TypeError, "k must be an integer, got True"),
+    (lambda: flops.linear_flops(-1, 4, 4), ValueError, "tokens must be a positive integer"),
+    (lambda: flops.linear_flops(4, "4", 4), TypeError, "d_in must be an integer"),
+    (lambda: flops.linear_backward_flops(4, 4, 0), ValueError, "d_out must be a positive"),
+    (lambda: flops.softmax_flops(0, 5), ValueError, "rows must be a positive integer"),
+    (lambda: flops.softmax_flops(5, 2.0), TypeError, "cols must be an integer"),
+    (lambda: flops.softmax_backward_flops(-1, 3), ValueError, "rows must be a positive"),
+    (lambda: flops.rmsnorm_flops(True, 3), TypeError, "rows must be an integer, got True"),
+    (lambda: flops.rmsnorm_backward_flops(3, None), TypeError, "cols must be an integer"),
+    (lambda: flops.layernorm_flops(3, -1), ValueError, "cols must be a positive integer"),
+    (lambda: flops.repeat_unary_flops(2.5, 1), TypeError, "n_elements must be an integer, got 2.5"),
+    (lambda: flops.repeat_unary_flops(10, -1), ValueError, "k must be an integer >= 0"),
+    (lambda: flops.repeat_unary_flops(10, 1, "exp"), ValueError, "op='exp' is not one of"),
+    (lambda: flops.scaled_dot_product_flops(1, 1, 0, 8), ValueError, "seq must be a positive"),
+    (lambda: flops.scaled_dot_product_flops(1, 2.0, 8, 8), TypeError, "heads must be an integer"),
+    (lambda: flops.layer_flops(object(), 1, 1), TypeError, "cfg needs a 'd_model' attribute"),
+    (lambda: flops.layer_flops(CFG, 0, 1), ValueError, "batch must be a positive integer"),
+    (lambda: flops.layer_flops(FloatHeads(), 1, 1), TypeError, "cfg.n_heads must be an integer"),
+    (lambda: flops.transformer_flops(object(), 1, 1), TypeError, "cfg needs a 'vocab_size'"),
+    (lambda: flops.transformer_flops(None, 1, 1), TypeError, "cfg needs a 'vocab_size'"),
+    (lambda: flops.transformer_flops(ZeroWidth(), 1, 1), ValueError, "cfg.d_model must be a posi"),
+    (lambda: flops.transformer_flops(CFG, 1, -3), ValueError, "seq must be a positive integer"),
+    (lambda: flops.transformer_flops(CFG, 1.0, 3), TypeError, "batch must be an integer"),
+    (lambda: flops.training_flops_per_token(CFG, 0), ValueError, "seq must be a positive"),
+    (lambda: flops.attention_share(CFG, "4"), TypeError, "seq must be an integer"),
+    (lambda: flops.six_n_flops_per_token(True), TypeError, "n_params must be an integer, got True"),
+    (lambda: flops.six_n_flops_per_token(0), ValueError, "n_params must be a positive integer"),
+    (lambda: flops.six_n_flops_per_token(1.5e9), TypeError, "n_params must be an integer"),
+    (lambda: flops.mfu(-1e12, 1, 1e15), ValueError, "model_flops must be >= 0"),
+    (lambda: flops.mfu(1e12, NAN, 1e15), ValueError, "seconds must be finite, got nan"),
+    (lambda: flops.mfu(1.0, 0.0, 1.0), ValueError, "seconds must be > 0"),
+    (lambda: flops.mfu(1.0, 1.0, INF), ValueError, "peak_flop_per_s must be finite"),
+    (lambda: flops.mfu(1.0, 1.0, -1.0), ValueError, "peak_flop_per_s must be > 0"),
+    (lambda: flops.mfu(1.0, 1.0, 1.0, 0), ValueError, "n_devices must be a positive integer"),
+    (lambda: flops.mfu(1.0, 1.0, 1.0, True), TypeError, "n_devices must be an integer"),
+    (lambda: flops.mfu("1", 1.0, 1.0), TypeError, "model_flops must be a real number"),
+    (lambda: flops.hfu(-1.0, 1.0, 1.0), ValueError, "hardware_flops must be >= 0"),
+    (lambda: flops.hardware_training_flops(1.0, recompute="half"), ValueError, "recompute='half'"),
+    (lambda: flops.hardware_training_flops(NAN), ValueError, "forward_flops must be finite"),
+    (lambda: flops.training_time_s(1.0, 1, 1.0, 1.5), ValueError, "mfu must be <= 1, got 1.5"),
+    (lambda: flops.training_time_s(1.0, 1, 1.0, 0.0), ValueError, "mfu must be > 0"),
+    (lambda: flops.training_time_s(1.0, 0, 1.0, 0.5), ValueError, "n_devices must be a positive"),
+    (lambda: flops.training_time_s(-1.0, 1, 1.0, 0.5), ValueError, "total_flops must be >= 0"),
+    (lambda: flops.training_time_s(1.0, 2.0, 1.0, 0.5), TypeError, "n_devices must be an integer"),
+    (lambda: flops.training_time_s(1.0, 1, NAN, 0.5), ValueError, "peak_flop_per_s must be finite"),
+    (lambda: flops.claimed_linear_flops(0, 1, 1), ValueError, "batch must be a positive"),
+    (lambda: flops.claimed_attention_flops(1, 1, 1, 0), ValueError, "heads must be a positive"),
+    (lambda: flops.claimed_ffn_flops(1, 1, 1, -1), ValueError, "d_ff must be a positive"),
+]
+
+
+@pytest.mark.parametrize(("call", "error", "message"), INVALID_CALLS)
+def test_invalid_calls_raise_before_any_work(call, error, message):
+    with pytest.raises(error, match=message):
         call()
+
+
+def test_one_softmax_convention_and_the_scale_apart():
+    assert flops.SOFTMAX_OPS_PER_ELEMENT == 5 and flops.ATTENTION_SCALE_OPS_PER_SCORE == 1
+    assert not hasattr(flops, "SOFTMAX_OPS_PER_SCORE")
+    cfg, batch, seq = TransformerConfig.preset("small"), 2, 64
+    lf = flops.layer_flops(cfg, batch, seq)
+    scores = batch * cfg.n_heads * seq * seq
+    assert (lf.softmax, lf.attention_scale) == (5 * scores, scores)
+    # the block total counts 6 elementwise ops per score, as before the split
+    others = lf.norms + lf.rope + lf.swiglu_gate + lf.residual
+    assert lf.elementwise_flops == others + 6 * scores
+    assert set(lf.as_dict()) == set(lf.MATMUL_TERMS) | set(lf.ELEMENTWISE_TERMS)
+
+
+def test_row_wise_and_chain_flops():
+    assert flops.softmax_flops(3, 7) == 5 * 21 and flops.softmax_backward_flops(3, 7) == 4 * 21
+    assert flops.rmsnorm_flops(3, 7) == 4 * 21 + 3 * 3
+    assert flops.rmsnorm_backward_flops(3, 7) == 9 * 21 + 3
+    assert flops.layernorm_flops(3, 7) == flops.LAYERNORM_OPS_PER_ELEMENT * 21
+    assert flops.repeat_unary_flops(10, 4, "fma") == 80
+    assert flops.repeat_unary_flops(10, 4, "cos") == 40
+    # attention as the naive module runs it: two matmuls, the scale, the softmax (non-causal)
+    b, h, s, d = 2, 3, 16, 8
+    expected = 2 * b * h * 2 * s * s * d + b * h * s * s * (1 + 5)
+    assert flops.scaled_dot_product_flops(b, h, s, d) == expected
+
+
+def test_attention_matmuls_match_the_counter_on_the_naive_module():
+    b, h, s, d = 2, 3, 16, 8
+    q, k, v = (torch.randn(b, h, s, d) for _ in range(3))
+    with FlopCounterMode(display=False) as counter:
+        torch.softmax(q @ k.transpose(-2, -1) / d**0.5, dim=-1) @ v
+    per_score = flops.SOFTMAX_OPS_PER_ELEMENT + flops.ATTENTION_SCALE_OPS_PER_SCORE
+    elementwise = b * h * s * s * per_score
+    assert counter.get_total_flops() == flops.scaled_dot_product_flops(b, h, s, d) - elementwise
+
+
+def test_duck_typed_config():
+    mf = flops.transformer_flops(Sizes(), 2, 8)
+    assert mf.lm_head == flops.linear_flops(16, 16, 100) and mf.n_layers == 2
 
 
 def test_attention_share_crosses_one_half_where_12ltd_equals_6n_matmul():
     cfg = TransformerConfig.preset("small")
     t_half = param_counts(cfg).matmul / (2 * cfg.n_layers * cfg.d_model)
-    assert flops.attention_share(cfg, int(t_half)) < 0.5 <= flops.attention_share(cfg, int(t_half) + 1)
+    share = flops.attention_share
+    assert share(cfg, int(t_half)) < 0.5 <= share(cfg, int(t_half) + 1)
     assert 0 < flops.attention_share(cfg, 16) < flops.attention_share(cfg, 4096) < 1
+
+
+def test_forward_shares_sum_to_one_and_follow_the_breakdown():
+    cfg = TransformerConfig.preset("small")
+    shares = flops.forward_shares(cfg, 512)
+    assert math.isclose(sum(shares.values()), 1.0)
+    mf = flops.transformer_flops(cfg, 1, 512)
+    assert shares["output head"] == mf.lm_head / mf.forward_flops
+    swiglu = mf.n_layers * mf.layer.ffn_flops / mf.forward_flops
+    assert math.isclose(shares["SwiGLU (3 matrices)"], swiglu)
+    with pytest.raises(ValueError, match="seq must be a positive integer"):
+        flops.forward_shares(cfg, 0)

@@ -61,10 +61,41 @@ def test_unknown_dtype_and_name_are_clear_errors():
         hardware.TPU_V5P.sparse_flop_per_s("bf16")
 
 
-def test_invalid_spec_is_rejected():
-    fields = {f.name: getattr(hardware.H100_SXM, f.name) for f in dataclasses.fields(Accelerator)}
-    with pytest.raises(ValueError, match="hbm_bytes_per_s"):
-        Accelerator(**{**fields, "hbm_bytes_per_s": 0})
+FIELDS = {f.name: getattr(hardware.H100_SXM, f.name) for f in dataclasses.fields(Accelerator)}
+
+
+def _spec(**changes):
+    return lambda: Accelerator(**{**FIELDS, **changes})
+
+
+INVALID_CALLS = [  # (call, error, message fragment)
+    (_spec(hbm_bytes_per_s=0), ValueError, "H100 SXM: hbm_bytes_per_s must be > 0"),
+    (_spec(hbm_bytes=float("nan")), ValueError, "hbm_bytes must be finite"),
+    (_spec(pcie_bytes_per_s="64e9"), TypeError, "pcie_bytes_per_s must be a real number"),
+    (_spec(sm_count=1.5), TypeError, "sm_count must be an integer"),
+    (_spec(l2_bytes=-1), ValueError, "l2_bytes must be > 0"),
+    (_spec(dense_flop_per_s={}), TypeError, "dense_flop_per_s must be a non-empty dict"),
+    (_spec(dense_flop_per_s={"bf16": 0}), ValueError, r"dense_flop_per_s\['bf16'\] must be > 0"),
+    (_spec(name=""), TypeError, "name must be a non-empty string"),
+    (_spec(vendor=None), TypeError, "vendor must be a non-empty string"),
+    (lambda: hardware.get(None), TypeError, "name must be a registry key such as 'h100', got None"),
+    (lambda: hardware.get(3), TypeError, "name must be a registry key"),
+    (lambda: hardware.get("v100"), ValueError, "name='v100'"),
+    (lambda: hardware.match_device_name(None), TypeError, "device_name must be a string"),
+    (lambda: hardware.match_device_name(b"NVIDIA H200"), TypeError, "device_name must be a str"),
+    (lambda: hardware.match_report(0), TypeError, "device_name must be a string"),
+    (lambda: hardware.H100_SXM.peak_flop_per_s(None), TypeError, "dtype must be a name"),
+    (lambda: hardware.H100_SXM.peak_flop_per_s(["bf16"]), TypeError, "dtype must be a name"),
+    (lambda: hardware.A100_80GB_SXM.peak_flop_per_s("fp8"), ValueError, "A100.*fp8"),
+    (lambda: hardware.H100_SXM.ridge_intensity("int4"), ValueError, "no dense peak"),
+    (lambda: hardware.TPU_V5P.sparse_flop_per_s("bf16"), ValueError, "NVIDIA"),
+]
+
+
+@pytest.mark.parametrize(("call", "error", "message"), INVALID_CALLS)
+def test_invalid_calls_raise_clear_errors(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
 
 
 @pytest.mark.parametrize(
@@ -74,13 +105,48 @@ def test_invalid_spec_is_rejected():
         ("NVIDIA H200", "h200"),
         ("NVIDIA A100-SXM4-80GB", "a100"),
         ("NVIDIA B200", "b200"),
+        (" NVIDIA B200\n", "b200"),  # surrounding spaces are ignored
         ("NVIDIA H100 PCIe", None),  # lower clocks and bandwidth than the SXM part: not matched
         ("NVIDIA GeForce RTX 4090", None),
+        # contain the name of a part in the table, but are other parts: no spec is borrowed
+        ("NVIDIA GH200 480GB", None),
+        ("NVIDIA H200 NVL", None),
+        ("NVIDIA H100 NVL", None),
+        ("NVIDIA A100 80GB PCIe", None),
+        ("NVIDIA A100-SXM4-40GB", None),
+        ("nvidia h100 80gb hbm3", None),  # exact names: torch reports this one capitalized
     ],
 )
 def test_device_name_matching(device_name, key):
     expected = None if key is None else ACCELERATORS[key]
     assert hardware.match_device_name(device_name) is expected
+    report = hardware.match_report(device_name)
+    if key is None:
+        assert report.endswith("; no spec is used") and "is not in the table" in report
+    else:
+        assert f"is the {expected.name} of mlsys.hardware" in report
+
+
+def test_every_exact_name_points_into_the_registry():
+    assert set(hardware.CUDA_DEVICE_NAMES.values()) <= set(ACCELERATORS)
+
+
+@pytest.mark.parametrize(
+    ("device_name", "reason"),
+    [
+        ("NVIDIA H200 NVL", "an NVL part has other clocks and links than the SXM part"),
+        ("NVIDIA GH200 480GB", "a Grace Hopper superchip"),
+        ("NVIDIA A100 80GB PCIe", "a PCIe card has lower clocks"),
+        ("NVIDIA A100-SXM4-40GB", "the 40 GB part"),
+        ("Tesla V100-SXM2-16GB", "the table holds only NVIDIA H100 80GB HBM3"),
+    ],
+)
+def test_match_report_says_why_no_spec_is_used(device_name, reason):
+    report = hardware.match_report(device_name)
+    assert report.startswith(f"{device_name} is not in the table: ") and reason in report
+    if device_name == "NVIDIA H200 NVL":
+        assert report == ("NVIDIA H200 NVL is not in the table: an NVL part has other clocks and "
+                          "links than the SXM part; no spec is used")
 
 
 def test_detect_on_this_machine():

@@ -56,7 +56,7 @@ def test_model_state_bytes_and_breakdown():
 def test_custom_recipe_object():
     adafactor_like = TrainingRecipe("tiny", "fp32 weights, grads, 1 byte of state", 4, 4, 0, 1)
     assert model_state_bytes(100, adafactor_like) == 900
-    with pytest.raises(ValueError, match="optimizer_bytes"):
+    with pytest.raises(ValueError, match="optimizer_bytes of recipe 'bad' must be an integer >= 0"):
         TrainingRecipe("bad", "negative", 4, 4, 0, -1)
 
 
@@ -67,7 +67,8 @@ def test_max_trainable_params_on_eight_h100s():
     assert n == math.floor(8 * hbm_bytes / 16)
     assert n == pytest.approx(40e9, rel=0.1)  # "8 x 80 GB / 16 B per parameter = 40B parameters"
     # The bound is tight: one more parameter's states would not fit.
-    assert model_state_bytes(n, "fp32_adamw") <= 8 * hbm_bytes < model_state_bytes(n + 1, "fp32_adamw")
+    fits, too_many = model_state_bytes(n, "fp32_adamw"), model_state_bytes(n + 1, "fp32_adamw")
+    assert fits <= 8 * hbm_bytes < too_many
 
 
 def test_max_trainable_params_scales_with_devices_and_recipe():
@@ -75,6 +76,7 @@ def test_max_trainable_params_scales_with_devices_and_recipe():
     assert max_trainable_params(1, mem, "bf16_pure_adamw") == 1_250
     assert max_trainable_params(3, mem, "bf16_mixed_adamw_fp32_grads") == 30_000 // 18
     assert max_trainable_params(2, 100.5, "fp32_sgd_momentum") == math.floor(201 / 12)
+    assert max_trainable_params(3, 10**20 + 1, "fp32_adamw") == 3 * (10**20 + 1) // 16  # exact
 
 
 def test_tensor_bytes():
@@ -84,21 +86,42 @@ def test_tensor_bytes():
     assert tensor_bytes((0, 128), "fp32") == 0
 
 
+NAN, INF = float("nan"), float("inf")
+
+
 @pytest.mark.parametrize(
     ("call", "error", "match"),
     [
-        (lambda: recipe("adam"), ValueError, "fp32_adamw"),
+        (lambda: recipe("adam"), ValueError, "recipe='adam' is not one of 'fp32_adamw'"),
+        (lambda: recipe(None), TypeError, "recipe must be a name"),
+        (lambda: recipe(["fp32_adamw"]), TypeError, "recipe must be a name"),
+        (lambda: TrainingRecipe("x", "d", True, 4, 0, 8), TypeError, "weight_bytes of recipe 'x'"),
+        (lambda: TrainingRecipe("x", "d", 4, 4.0, 0, 8), TypeError, "grad_bytes of recipe 'x'"),
+        (lambda: TrainingRecipe("x", "d", 4, 4, -4, 8), ValueError, "master_bytes of recipe 'x'"),
+        (lambda: TrainingRecipe("", "d", 4, 4, 0, 8), TypeError, "name must be a non-empty string"),
         (lambda: tensor_bytes((4, 4), "fp12"), ValueError, "fp12"),
+        (lambda: tensor_bytes((4, 4), None), TypeError, "dtype must be a name"),
         (lambda: tensor_bytes((4, -1), "fp32"), ValueError, r"shape\[1\]"),
         (lambda: tensor_bytes((4, 2.5), "fp32"), TypeError, r"shape\[1\]"),
+        (lambda: tensor_bytes((True, 2), "fp32"), TypeError, r"shape\[0\] must be an integer"),
         (lambda: tensor_bytes(1024, "fp32"), TypeError, "shape"),
+        (lambda: tensor_bytes("1024", "fp32"), TypeError, "shape must be a sequence"),
         (lambda: model_state_bytes(-1, "fp32_adamw"), ValueError, "n_params"),
         (lambda: model_state_bytes(1.5e9, "fp32_adamw"), TypeError, "n_params"),
-        (lambda: model_state_breakdown(10, "sgd"), ValueError, "unknown training recipe"),
+        (lambda: model_state_bytes(True, "fp32_adamw"), TypeError, "n_params must be an integer"),
+        (lambda: model_state_bytes(10, 16), TypeError, "recipe must be a name"),
+        (lambda: model_state_breakdown(10, "sgd"), ValueError, "recipe='sgd' is not one of"),
+        (lambda: model_state_breakdown(None, "fp32_adamw"), TypeError, "n_params must be an"),
         (lambda: max_trainable_params(0, 1e9, "fp32_adamw"), ValueError, "n_devices"),
+        (lambda: max_trainable_params(True, 1e9, "fp32_adamw"), TypeError, "n_devices must be an"),
         (lambda: max_trainable_params(8, 0, "fp32_adamw"), ValueError, "device_memory_bytes"),
         (lambda: max_trainable_params(8, -1.0, "fp32_adamw"), ValueError, "device_memory_bytes"),
         (lambda: max_trainable_params(8, "80GB", "fp32_adamw"), TypeError, "device_memory_bytes"),
+        (lambda: max_trainable_params(8, NAN, "fp32_adamw"), ValueError, "device_memory_bytes mus"),
+        (lambda: max_trainable_params(8, INF, "fp32_adamw"), ValueError, "must be finite"),
+        (lambda: max_trainable_params(8, 1e9, "adam"), ValueError, "recipe='adam'"),
+        (lambda: max_trainable_params(8, 1e9, TrainingRecipe("zero", "d", 0, 0, 0, 0)),
+         ValueError, "0 bytes per parameter"),
     ],
 )
 def test_bad_input(call, error, match):

@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from mlsys.accounting.params import ParamCounts, count_params, param_counts
+from mlsys.accounting.params import ParamCounts, config_sizes, count_params, param_counts
 from mlsys.models.config import PRESETS, TransformerConfig
 from mlsys.models.transformer import Transformer
 
@@ -55,7 +55,8 @@ def test_components_equal_real_modules(name):
     assert counts.lm_head == numel(model.lm_head)
     assert counts.n_layers == len(model.blocks)
     assert numel(model.rope) == 0  # RoPE tables are buffers, not parameters
-    linear_weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    linear_weights = sum(m.weight.numel() for m in linears)
     assert counts.matmul == linear_weights
 
 
@@ -72,8 +73,8 @@ def test_breakdown_sums_to_total_and_non_embedding_convention():
 
 
 def test_non_embedding_is_16_d_squared_per_layer_when_d_ff_is_4d():
-    # With d_ff = 4 d, a block holds 4 d^2 + 12 d^2 + 2 d = 16 d^2 + 2 d parameters (SwiGLU's three matrices
-    # make it 16, not GPT-2's 12). Checked exactly, not approximately.
+    # With d_ff = 4 d, a block holds 4 d^2 + 12 d^2 + 2 d = 16 d^2 + 2 d parameters (SwiGLU's three
+    # matrices make it 16, not GPT-2's 12). Checked exactly, not approximately.
     cfg = TransformerConfig.preset("xl")
     d, n_layers = cfg.d_model, cfg.n_layers
     assert param_counts(cfg).non_embedding == n_layers * (16 * d * d + 2 * d) + d
@@ -100,9 +101,43 @@ def test_duck_typed_config_and_bad_input():
         param_counts(Bad())
 
 
+class Sizes:
+    vocab_size, d_model, n_layers, d_ff = 10, 4, 1, 8
+
+
+def _sizes(**fields):
+    return type("Custom", (Sizes,), fields)()
+
+
+@pytest.mark.parametrize(
+    ("cfg", "error", "message"),
+    [
+        (object(), TypeError, "cfg needs a 'vocab_size' attribute"),
+        (None, TypeError, "cfg needs a 'vocab_size' attribute"),
+        (dict(PRESETS["debug"]), TypeError, "cfg needs a 'vocab_size' attribute"),
+        (_sizes(d_model=0), ValueError, "cfg.d_model must be a positive integer, got 0"),
+        (_sizes(d_model=True), TypeError, "cfg.d_model must be an integer, got True"),
+        (_sizes(d_ff=4.0), TypeError, "cfg.d_ff must be an integer"),
+        (_sizes(vocab_size=-1), ValueError, "cfg.vocab_size must be a positive integer"),
+        (_sizes(n_layers="2"), TypeError, "cfg.n_layers must be an integer"),
+    ],
+)
+def test_bad_configs_are_refused(cfg, error, message):
+    with pytest.raises(error, match=message):
+        count_params(cfg)
+
+
+def test_config_sizes_reads_only_the_named_fields():
+    assert config_sizes(Sizes(), "d_model", "d_ff") == (4, 8)
+    with pytest.raises(TypeError, match="cfg needs a 'n_heads' attribute"):
+        config_sizes(Sizes(), "n_heads")
+
+
 def test_accounting_and_config_do_not_import_torch():
     code = (
-        "import sys, mlsys.models.config, mlsys.accounting.params, mlsys.accounting.memory, mlsys.models; "
+        "import sys, mlsys.models.config, mlsys.models, mlsys.hardware\n"
+        "import mlsys.accounting.params, mlsys.accounting.memory\n"
+        "import mlsys.accounting.flops, mlsys.accounting.bytes\n"
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,12 +1,15 @@
-"""Tests for mlsys.precision: formats against IEEE definitions and torch.finfo, exact rounding against
-torch casts, and running-sum predictions against measured torch sums."""
+"""Tests for mlsys.precision: formats against IEEE definitions and torch.finfo, exact rounding
+against torch casts, stochastic rounding, and clear errors for invalid arguments."""
 
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from mlsys import precision as P
 
@@ -16,13 +19,27 @@ INT_VIEW = {8: torch.uint8, 16: torch.int16, 32: torch.int32, 64: torch.int64}
 
 
 def _finite_values(name: str) -> torch.Tensor:
-    """Every finite value of an 8- or 16-bit format, ascending, as float64 (from its bit patterns)."""
+    """Every finite value of an 8- or 16-bit format, ascending, as float64 (from bit patterns)."""
     f = P.FORMATS[name]
     patterns = torch.arange(2**f.bits, dtype=torch.int64)
     if f.bits == 16:
         patterns = torch.where(patterns >= 2**15, patterns - 2**16, patterns)
     values = patterns.to(INT_VIEW[f.bits]).view(f.dtype).double()
     return torch.unique(values[torch.isfinite(values)])  # sorted; +0 and -0 merge
+
+
+class CreatedDevices(TorchDispatchMode):
+    """Records (op, device) of every tensor each aten op creates inside the `with` block."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen: list[tuple[str, str]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
+        self.seen += [(str(func), t.device.type) for t in tensors]
+        return out
 
 
 def _bits_of(value: float, name: str) -> int:
@@ -38,7 +55,8 @@ def _bits_of(value: float, name: str) -> int:
 def test_table_matches_torch_finfo(name):
     f = P.FORMATS[name]
     info = torch.finfo(f.dtype)
-    assert (f.bits, f.max, f.smallest_normal, f.eps) == (info.bits, info.max, info.smallest_normal, info.eps)
+    ours = (f.bits, f.max, f.smallest_normal, f.eps)
+    assert ours == (info.bits, info.max, info.smallest_normal, info.eps)
     assert -f.max == info.min
     # The smallest subnormal is the bit pattern 0...01.
     one = torch.ones(1, dtype=INT_VIEW[f.bits]).view(f.dtype).item()
@@ -72,7 +90,7 @@ def test_format_lookup_and_bad_formats():
     for bad in ("int8", "fp12", torch.int32):
         with pytest.raises(ValueError, match="fmt=.*not a floating-point format"):
             P.get_format(bad)
-    with pytest.raises(ValueError, match="mantissa_bits"):
+    with pytest.raises(ValueError, match="mantissa_bits must be a positive integer, got 0"):
         P.FloatFormat("odd", 4, 0)
     with pytest.raises(ValueError, match="has no torch dtype"):
         _ = P.FORMATS["tf32"].dtype
@@ -153,7 +171,8 @@ def test_decompose_round_trips_and_matches_torch_bits(name):
     for v in values:
         bits = P.decompose(v, name)
         stored = P.round_to(v, name)
-        assert bits.reconstruct() == stored and math.copysign(1, bits.reconstruct()) == math.copysign(1, stored)
+        assert bits.reconstruct() == stored
+        assert math.copysign(1, bits.reconstruct()) == math.copysign(1, stored)
         assert len(bits.pattern.replace(" ", "")) == f.bits
         assert int(bits.pattern.replace(" ", ""), 2) == _bits_of(stored, name)
 
@@ -163,7 +182,8 @@ def test_decompose_kinds():
     assert P.decompose(1.0, "fp16").unbiased_exponent == 0
     assert P.decompose(2**-24, "fp16").kind == "subnormal"
     assert P.decompose(1e-8, "fp16").kind == "zero"
-    assert P.decompose(1e5, "fp16").kind == "inf" and P.decompose(1e5, "fp16").unbiased_exponent is None
+    assert P.decompose(1e5, "fp16").kind == "inf"
+    assert P.decompose(1e5, "fp16").unbiased_exponent is None
     assert P.decompose(1e5, "fp8_e4m3").value == 448.0
     assert P.decompose(math.nan, "fp8_e4m3").pattern == "0 1111 111"
     assert math.isnan(P.decompose(math.nan, "fp16").reconstruct())
@@ -171,7 +191,7 @@ def test_decompose_kinds():
 
 def test_stochastic_round_is_unbiased_and_lands_on_neighbours():
     g = torch.Generator().manual_seed(6)
-    x = torch.full((20_000,), 1.0 + 2**-9)  # between bf16 neighbours 1 and 1 + 2^-7, a quarter of the way
+    x = torch.full((20_000,), 1.0 + 2**-9)  # between bf16's 1 and 1 + 2^-7, a quarter of the way
     out = P.stochastic_round(x, "bf16", generator=g)
     assert set(out.tolist()) == {1.0, 1.0 + 2**-7}
     # Bernoulli(1/4) draws: the mean lies within 5 standard errors of x.
@@ -187,7 +207,64 @@ def test_stochastic_round_is_unbiased_and_lands_on_neighbours():
         P.stochastic_round(torch.arange(3), "bf16", generator=g)
 
 
-def test_bad_inputs_raise_clear_errors():
-    with pytest.raises(ValueError, match="outside fp16's finite range"):
-        P.ulp(math.inf, "fp16")
+def test_stochastic_round_creates_everything_on_the_input_device():
+    # meta tensors have a device but no data: an op mixing them with a CPU tensor fails, and the
+    # recorder sees where every intermediate tensor is created
+    x = torch.full((4, 3), 1.0 + 2**-9, device="meta")
+    with CreatedDevices() as created:
+        out = P.stochastic_round(x, "bf16", generator=torch.Generator().manual_seed(0))
+    assert out.device.type == "meta" and out.shape == x.shape and out.dtype == torch.float64
+    # only the uniform draws live with the (CPU) generator, then move to x's device
+    assert [op for op, device in created.seen if device != "meta"] == ["aten.rand.generator"]
+
+
+NAN, INF = float("nan"), float("inf")
+F16 = P.FORMATS["fp16"]
+X = torch.ones(3)
+
+INVALID_CALLS = [  # (call, error, message fragment)
+    (lambda: P.get_format(None), TypeError, "fmt must be a format name"),
+    (lambda: P.get_format(["bf16"]), TypeError, "fmt must be a format name"),
+    (lambda: P.get_format(16), TypeError, "fmt must be a format name"),
+    (lambda: P.get_format("int8"), ValueError, "fmt='int8' is not a floating-point format"),
+    (lambda: P.get_format("fp12"), ValueError, "fmt='fp12' is not a floating-point format"),
+    (lambda: P.get_format(torch.int32), ValueError, "not a floating-point format"),
+    (lambda: P.get_format(None, name="dtype"), TypeError, "dtype must be a format name"),
+    (lambda: P.FloatFormat("x", 1, 3), ValueError, "exponent_bits must be an integer >= 2"),
+    (lambda: P.FloatFormat("x", 4, 0), ValueError, "mantissa_bits must be a positive integer"),
+    (lambda: P.FloatFormat("x", True, 3), TypeError, "exponent_bits must be an integer, got True"),
+    (lambda: P.FloatFormat("x", 4.0, 3), TypeError, "exponent_bits must be an integer"),
+    (lambda: P.FloatFormat("", 4, 3), TypeError, "name must be a non-empty string"),
+    (lambda: P.FloatFormat("x", 4, 3, finite_only="yes"), ValueError, "finite_only='yes'"),
+    (lambda: P.round_to("1", "fp16"), TypeError, "x must be a real number, got '1'"),
+    (lambda: P.round_to(None, "fp16"), TypeError, "x must be a real number"),
+    (lambda: P.round_to(1.0, "int8"), ValueError, "fmt='int8'"),
+    (lambda: P.round_to(1.0, None), TypeError, "fmt must be a format name"),
+    (lambda: P.ulp(INF, "fp16"), ValueError, "x must be finite, got inf"),
+    (lambda: P.ulp(NAN, "fp16"), ValueError, "x must be finite, got nan"),
+    (lambda: P.ulp("1", "fp16"), TypeError, "x must be a real number"),
+    (lambda: P.ulp(1e6, "fp16"), ValueError, "outside fp16's finite range"),
+    (lambda: P.decompose(None, "fp16"), TypeError, "x must be a real number"),
+    (lambda: P.decompose(1.0, "fp4"), ValueError, "fmt='fp4'"),
+    (lambda: P.floor_log2(Fraction(0)), ValueError, "q must be > 0, got 0"),
+    (lambda: P.floor_log2(Fraction(-1, 2)), ValueError, "q must be > 0"),
+    (lambda: P.floor_log2(0.5), TypeError, "q must be a Fraction or an int, got 0.5"),
+    (lambda: P.ulp_exponent(Fraction(-1), F16), ValueError, "magnitude must be >= 0"),
+    (lambda: P.ulp_exponent(Fraction(1), "fp16"), TypeError, "f must be a FloatFormat"),
+    (lambda: P.round_exact(0.1, F16), TypeError, "x must be a Fraction or an int, got 0.1"),
+    (lambda: P.round_exact(Fraction(1, 10), "fp16"), TypeError, "f must be a FloatFormat"),
+    (lambda: P.stochastic_round(torch.arange(3), "bf16", generator=torch.Generator()), TypeError,
+     "x must be a floating-point tensor"),
+    (lambda: P.stochastic_round([1.0], "bf16", generator=torch.Generator()), TypeError,
+     "x must be a floating-point tensor, got list"),
+    (lambda: P.stochastic_round(X, "bf16", generator=0), TypeError,
+     "generator must be a torch.Generator, got int"),
+    (lambda: P.stochastic_round(X, "fp12", generator=torch.Generator()), ValueError, "fmt='fp12'"),
+]
+
+
+@pytest.mark.parametrize(("call", "error", "message"), INVALID_CALLS)
+def test_invalid_calls_raise_clear_errors(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
 

@@ -26,9 +26,21 @@ def test_a_complete_record_is_valid():
     ("mutate", "message"),
     [
         (lambda r: r.pop("provenance"), "lacks the key 'provenance'"),
+        (lambda r: r.pop("results"), "lacks the key 'results'"),
         (lambda r: r["provenance"].pop("git_commit"), "provenance lacks git_commit"),
+        (lambda r: r["provenance"].update(date=""), "provenance lacks date"),
         (lambda r: r.update(results=[]), "non-empty list"),
+        (lambda r: r.update(results={"a": 1}), "non-empty list"),
+        (lambda r: r.update(results=[{"a": 1}, 3]), "every entry of results must be an object"),
         (lambda r: r.update(experiment="other"), "experiment='other'"),
+        (lambda r: r.update(experiment=3), "experiment=3 must be lower-case"),
+        (lambda r: r.update(provenance=list(r["provenance"].items())),
+         "provenance must be a JSON object, got list"),
+        (lambda r: r.update(provenance="NVIDIA H100"), "provenance must be a JSON object, got str"),
+        (lambda r: r.update(provenance=None), "provenance must be a JSON object"),
+        (lambda r: r["provenance"].update(device=80), r"provenance\['device'\] must be a string"),
+        (lambda r: r["provenance"].update(torch_version=None), r"provenance\['torch_version'\]"),
+        (lambda r: r["provenance"].update(command=["python", "-m"]), "must be a string, got"),
     ],
 )
 def test_broken_records_are_rejected(mutate, message):
@@ -52,3 +64,79 @@ def test_device_slug():
     assert results.device_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
     with pytest.raises(ValueError, match="device_name"):
         results.device_slug("  ")
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        (lambda: results.validate_record([1, 2]), ValueError, "a record must be a JSON object"),
+        (lambda: results.validate_record(_record(), experiment="Copy"), ValueError,
+         "experiment='Copy' must be lower-case"),
+        (lambda: results.device_slug(None), TypeError, "device_name must be a string"),
+        (lambda: results.device_slug("  "), ValueError, "has no letters or digits"),
+        (lambda: results.write_record(3, [{"a": 1}], bench.provenance()), ValueError,
+         "experiment=3 must be lower-case"),
+        (lambda: results.write_record("x", [{"a": 1}], [("device", "cpu")]), ValueError,
+         "provenance must be a JSON object"),
+        (lambda: results.load_records("../secrets"), ValueError, "must be lower-case letters"),
+        (lambda: results.load_records(None), ValueError, "experiment=None"),
+    ],
+)
+def test_invalid_calls_raise_clear_errors(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+
+
+# --- every record is read by a chapter ------------------------------------------------------------
+
+from pathlib import Path  # noqa: E402
+
+from mlsys import experiments  # noqa: E402
+
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+
+
+def reading_problems(names, chapters):
+    """Why experiments `names` are not shown by a chapter: `chapters` maps a stem to its source.
+
+    A chapter reads experiment X when it calls `experiments.recorded(...)` and names "X" (directly
+    or in the tuple it loops over). Returns one sentence per problem; [] when every record is read.
+    """
+    problems = []
+    for name in names:
+        if name not in experiments.NAMES:
+            problems.append(f"{name}: no experiment of that name in mlsys.experiments")
+            continue
+        chapter = experiments.get(name).chapter
+        source = chapters.get(chapter)
+        if source is None:
+            problems.append(f"{name}: its chapter {chapter} does not exist")
+        elif "experiments.recorded(" not in source or f'"{name}"' not in source:
+            problems.append(f"{name}: chapter {chapter} never shows its recorded runs")
+    return problems
+
+
+def _chapters():
+    return {p.stem: p.read_text() for p in NOTEBOOKS.glob("[0-9][0-9]_*.py")}
+
+
+def test_every_experiment_has_a_chapter_that_shows_its_records():
+    assert reading_problems(experiments.NAMES, _chapters()) == []
+
+
+def test_every_recorded_file_belongs_to_an_experiment_a_chapter_reads():
+    stems = sorted({p.stem for p in results.RESULTS_DIR.glob("*/*.json")})
+    assert reading_problems(stems, _chapters()) == []
+
+
+def test_the_reading_check_can_fail():
+    chapters = _chapters()
+    assert reading_problems(["no_such_experiment"], chapters) == [
+        "no_such_experiment: no experiment of that name in mlsys.experiments"]
+    name = experiments.NAMES[0]
+    chapter = experiments.get(name).chapter
+    blind = {**chapters,
+             chapter: chapters[chapter].replace("experiments.recorded(", "experiments.x(")}
+    assert reading_problems([name], blind) == [
+        f"{name}: chapter {chapter} never shows its recorded runs"]
+    assert reading_problems([name], {}) == [f"{name}: its chapter {chapter} does not exist"]

@@ -51,7 +51,8 @@ def test_roof_problems_flags_only_what_beats_the_roof():
         ("slow matmul", 1e12, 1e6, 3.0),  # below the roof is allowed
     ]
     problems = roofline.roof_problems(points, roof)
-    assert len(problems) == 1 and problems[0].startswith("too fast ran 2.00x faster than the memory-bound roof")
+    assert len(problems) == 1
+    assert problems[0].startswith("too fast ran 2.00x faster than the memory-bound roof")
     assert roofline.roof_problems(points[:1], roof, tolerance=1.0) == []
 
 

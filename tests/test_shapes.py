@@ -1,9 +1,9 @@
-"""Shape annotations checked at run time: jaxtyping + beartype on the library's public tensor functions.
+"""Shape annotations checked at run time: jaxtyping + beartype on the library's tensor functions.
 
-The library only annotates (checking every call would cost time in the chapters); here each function is
-wrapped with `jaxtyped(typechecker=beartype)`, so a call whose shapes disagree with the annotation
-raises `jaxtyping.TypeCheckError` (a TypeError) before the body runs, and a body that returns the
-wrong shape is caught on the way out. Used in: §sec-tensors-memory (chapter 02).
+The library only annotates (checking every call would cost time in the chapters); here each function
+is wrapped with `jaxtyped(typechecker=beartype)`, so a call whose shapes disagree with the
+annotation raises `jaxtyping.TypeCheckError` (a TypeError) before the body runs, and a body that
+returns the wrong shape is caught on the way out. Used in: §sec-tensors-memory (chapter 02).
 """
 
 import inspect
@@ -51,12 +51,14 @@ def test_split_heads_rejects_a_wrong_rank_or_dtype_before_running(bad):
 
 def test_a_wrong_return_shape_is_caught():
     @jaxtyped(typechecker=beartype)
-    def forgets_to_transpose(x: Float[Tensor, "batch seq d_model"]) -> Float[Tensor, "seq batch d_model"]:
+    def forgets_to_transpose(
+        x: Float[Tensor, "batch seq d_model"],
+    ) -> Float[Tensor, "seq batch d_model"]:
         return x  # the bug: shape (batch, seq, d_model) returned as (seq, batch, d_model)
 
     with pytest.raises(TypeCheckError, match="return"):
         forgets_to_transpose(_randn(2, 5, 12))
-    assert forgets_to_transpose(_randn(3, 3, 12)).shape == (3, 3, 12)  # square: the bug passes unseen
+    assert forgets_to_transpose(_randn(3, 3, 12)).shape == (3, 3, 12)  # square: the bug is unseen
 
 
 def test_attention_checks_that_q_k_v_agree():
@@ -86,7 +88,8 @@ def _dimension_names(fn) -> set[str]:
 
 
 def test_mlsys_tensors_uses_the_book_vocabulary():
-    public = [fn for name, fn in inspect.getmembers(tensors, inspect.isfunction) if not name.startswith("_")]
+    functions = inspect.getmembers(tensors, inspect.isfunction)
+    public = [fn for name, fn in functions if not name.startswith("_")]
     annotated = [fn for fn in public if _dimension_names(fn)]
     assert {fn.__name__ for fn in annotated} == {"split_heads", "merge_heads"}
     for fn in annotated:

@@ -7,6 +7,7 @@ from fractions import Fraction
 
 import pytest
 import torch
+from test_precision import CreatedDevices
 
 from mlsys import precision as P
 from mlsys import summation as S
@@ -31,7 +32,8 @@ def test_plateau_prediction_equals_measured_sum(addend, fmt):
     if fmt == "fp32":
         assert predicted.stall_step is None
     else:
-        assert predicted.stall_step is not None and predicted.final == S.plateau_value(predicted.addend, fmt)
+        assert predicted.stall_step is not None
+        assert predicted.final == S.plateau_value(predicted.addend, fmt)
         # The addition after the stall is the first that is below half an ulp of the sum.
         assert predicted.addend <= P.ulp(predicted.final, fmt) / 2
         assert measured[predicted.stall_step - 1].item() == predicted.final
@@ -45,12 +47,13 @@ def test_fp32_accumulator_with_low_precision_addends(addend_fmt, explicit_cast):
     measured = S.running_sum(0.01, 1000, addend_fmt, "fp32", explicit_cast=explicit_cast)
     assert measured.dtype == torch.float32
     assert measured.double().tolist() == predicted.trajectory()
-    # Partial sums k * a need few bits, so fp32 holds them exactly: only the stored addend's error is left.
+    # Partial sums k * a need few bits, so fp32 holds them exactly: only the stored addend's error
+    # is left.
     assert predicted.final == predicted.exact == 1000 * P.round_to(0.01, addend_fmt)
 
 
 def _stepwise(addend: float, n: int, fmt: str) -> list[float]:
-    """The recurrence s <- round(s + a), one exact rounding per step (independent of the binade rule)."""
+    """The recurrence s <- round(s + a), one exact rounding per step (not the binade rule)."""
     s, out = Fraction(0), []
     for _ in range(n):
         s = Fraction(P.round_to(float(s + Fraction(addend)), fmt))  # s + a is exact in float64 here
@@ -80,7 +83,9 @@ def test_fp8_prediction_equals_torch_cast_arithmetic(fmt):
     assert measured == S.plateau_sum(0.01, 200, fmt).trajectory()
 
 
-@pytest.mark.parametrize(("addend", "fmt"), [(1000.0, "fp16"), (977.0, "fp16"), (1e37, "bf16"), (3e37, "fp32")])
+@pytest.mark.parametrize(
+    ("addend", "fmt"), [(1000.0, "fp16"), (977.0, "fp16"), (1e37, "bf16"), (3e37, "fp32")]
+)
 def test_overflow_to_infinity_is_predicted(addend, fmt):
     predicted = S.plateau_sum(addend, 120, fmt)
     measured = S.running_sum(addend, 120, fmt)
@@ -100,13 +105,13 @@ def test_fp8_e4m3_saturates_instead_of_overflowing():
 
 
 def test_plateau_value_closed_form():
-    assert S.plateau_value(1.0, "fp16") == 2.0**11  # 2^(0 + 10 + 1): 2048 + 1 is a tie, kept at 2048
+    assert S.plateau_value(1.0, "fp16") == 2.0**11  # 2^(0 + 10 + 1): 2048 + 1 is a tie: 2048
     prediction = S.plateau_sum(1.0, 3000, "fp16")
     assert (prediction.stall_step, prediction.final) == (2048, 2048.0)
     assert S.plateau_value(0.01, "bf16") == 2.0 ** (-7 + 7 + 2)
     assert S.plateau_value(0.01, "fp16") == S.plateau_value(0.01, "tf32")  # same mantissa width
     assert S.plateau_value(1000.0, "fp8_e4m3") == 448.0  # saturates before the plateau
-    with pytest.raises(ValueError, match="addend=0.0 must be a finite positive"):
+    with pytest.raises(ValueError, match="addend must be > 0, got 0.0"):
         S.plateau_value(0.0, "fp16")
 
 
@@ -140,29 +145,64 @@ def test_sequential_sum_meets_recursive_bound():
         assert got.shape == (8,) and got.dtype == P.FORMATS[fmt].dtype
         bound = S.recursive_sum_error_bound(512, fmt) * exact  # all terms positive: sum|x| = sum x
         assert torch.all((got.double() - exact).abs() <= bound)
-    assert S.recursive_sum_error_bound(2049, "fp16") == math.inf  # (n-1) u = 1: the bound says nothing
+    assert S.recursive_sum_error_bound(2049, "fp16") == math.inf  # (n-1) u = 1: no bound at all
 
 
-def test_bad_inputs_raise_clear_errors():
-    with pytest.raises(ValueError, match="n=-1 must be a non-negative integer"):
-        S.plateau_sum(0.01, -1, "fp16")
-    with pytest.raises(ValueError, match="n=2.5"):
-        S.running_sum(0.01, 2.5, "fp16")
-    for bad in (math.nan, math.inf):
-        with pytest.raises(ValueError, match="addend=.* must be finite"):
-            S.plateau_sum(bad, 10, "fp16")
-        with pytest.raises(ValueError, match="addend=.* must be finite"):
-            S.running_sum(bad, 10, "fp16")
-    with pytest.raises(ValueError, match="fmt='fp12'"):
-        S.plateau_sum(0.01, 10, "fp12")
-    with pytest.raises(ValueError, match="dtype='fp8_e4m3': torch has no addition"):
-        S.running_sum(0.01, 10, "fp8_e4m3")
-    with pytest.raises(ValueError, match="accumulator_dtype='tf32'"):
-        S.running_sum(0.01, 10, "fp16", "tf32")
-    with pytest.raises(TypeError, match="values must be a floating-point tensor"):
-        S.kahan_sum(torch.arange(5), "fp16")
-    with pytest.raises(TypeError, match="values must be a floating-point tensor"):
-        S.sequential_sum(torch.tensor(1.0), "fp32")
+def test_sums_are_computed_on_the_values_device():
+    values = torch.ones(3, 8, device="meta")  # no data: mixing it with a CPU tensor fails
+    with CreatedDevices() as created:
+        sequential = S.sequential_sum(values, "fp32")
+        kahan = S.kahan_sum(values, "bf16")
+    assert (sequential.device.type, sequential.shape) == ("meta", (3,))
+    assert (kahan.device.type, kahan.dtype) == ("meta", torch.bfloat16)
+    assert created.seen and all(device == "meta" for _, device in created.seen), created.seen
+
+
+NAN, INF = float("nan"), float("inf")
+VALUES = torch.ones(2, 5)
+
+INVALID_CALLS = [  # (call, error, message fragment)
+    (lambda: S.plateau_sum(0.01, -1, "fp16"), ValueError, "n must be an integer >= 0, got -1"),
+    (lambda: S.plateau_sum(0.01, 2.5, "fp16"), TypeError, "n must be an integer, got 2.5"),
+    (lambda: S.plateau_sum(0.01, True, "fp16"), TypeError, "n must be an integer, got True"),
+    (lambda: S.plateau_sum(NAN, 10, "fp16"), ValueError, "addend must be finite, got nan"),
+    (lambda: S.plateau_sum(INF, 10, "fp16"), ValueError, "addend must be finite, got inf"),
+    (lambda: S.plateau_sum("0.01", 10, "fp16"), TypeError, "addend must be a real number"),
+    (lambda: S.plateau_sum(0.01, 10, "fp12"), ValueError, "fmt='fp12'"),
+    (lambda: S.plateau_sum(0.01, 10, "fp16", addend_format="fp12"), ValueError,
+     "addend_format='fp12' is not a floating-point format"),
+    (lambda: S.plateau_value(0.0, "fp16"), ValueError, "addend must be > 0, got 0.0"),
+    (lambda: S.plateau_value(-1.0, "fp16"), ValueError, "addend must be > 0"),
+    (lambda: S.plateau_value(NAN, "fp16"), ValueError, "addend must be finite"),
+    (lambda: S.plateau_value(0.01, None), TypeError, "fmt must be a format name"),
+    (lambda: S.running_sum(0.01, -1, "fp16"), ValueError, "n must be an integer >= 0"),
+    (lambda: S.running_sum(0.01, 2.5, "fp16"), TypeError, "n must be an integer, got 2.5"),
+    (lambda: S.running_sum(NAN, 10, "fp16"), ValueError, "addend must be finite"),
+    (lambda: S.running_sum(INF, 10, "fp16"), ValueError, "addend must be finite"),
+    (lambda: S.running_sum(0.01, 10, "fp8_e4m3"), ValueError,
+     "dtype='fp8_e4m3': torch has no addition"),
+    (lambda: S.running_sum(0.01, 10, "fp16", "tf32"), ValueError, "accumulator_dtype='tf32'"),
+    (lambda: S.running_sum(0.01, 10, "fp12"), ValueError, "dtype='fp12' is not a floating-point"),
+    (lambda: S.running_sum(0.01, 10, "fp16", explicit_cast="yes"), ValueError,
+     "explicit_cast='yes'"),
+    (lambda: S.recursive_sum_error_bound(-1, "fp16"), ValueError, "n must be an integer >= 0"),
+    (lambda: S.recursive_sum_error_bound(2.5, "fp16"), TypeError, "n must be an integer"),
+    (lambda: S.kahan_sum(torch.arange(5), "fp16"), TypeError, "values must be a floating-point"),
+    (lambda: S.kahan_sum(VALUES, None), TypeError, "dtype must be a format name"),
+    (lambda: S.kahan_sum([0.1, 0.2], "fp16"), TypeError, "values must be a floating-point tensor"),
+    (lambda: S.sequential_sum(torch.tensor(1.0), "fp32"), TypeError, "a last dim to sum over"),
+    (lambda: S.sequential_sum(VALUES, "fp12"), ValueError, "accumulator_dtype='fp12'"),
+    (lambda: S.sequential_sum(VALUES, "fp8_e5m2"), ValueError, "torch has no addition in fp8"),
+    (lambda: S.plateau_sum(0.01, 10, "fp16").run_starting_in("4", 8), TypeError,
+     "lo must be a real number"),
+    (lambda: S.Segment(0.0, 1.0, 3, 1.0).after(-1), ValueError, "j must be an integer >= 0"),
+]
+
+
+@pytest.mark.parametrize(("call", "error", "message"), INVALID_CALLS)
+def test_invalid_calls_raise_clear_errors(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
 
 
 def test_run_starting_in_finds_the_long_run_of_a_binade():

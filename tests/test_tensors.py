@@ -1,4 +1,4 @@
-"""mlsys.tensors: stride arithmetic checked against PyTorch's own views, shapes against torch.matmul."""
+"""mlsys.tensors: stride arithmetic checked against PyTorch's views, shapes against torch.matmul."""
 
 import itertools
 
@@ -12,6 +12,7 @@ from mlsys.tensors import (
     is_contiguous,
     matmul_shape,
     merge_heads,
+    shares_storage,
     split_heads,
 )
 
@@ -33,7 +34,7 @@ def _views():
         "step_1d": base[1, 2, ::2],
         "step_then_size_one": base[::2, 1:2, 3],
         "rows_with_gaps": base[1, 1:4, :4],
-        "evenly_spaced_2d": base.reshape(-1)[::2].view(6, 10),  # strides (20, 2): flat view, not contiguous
+        "evenly_spaced_2d": base.reshape(-1)[::2].view(6, 10),  # strides (20, 2): flat, gaps
     }
 
 
@@ -70,11 +71,13 @@ def test_flattens_to_view_predicts_when_view_minus_one_works(name):
 
 def test_flattening_needs_more_than_contiguity_only_when_strides_are_uneven():
     assert flattens_to_view((4,), (3,)) and not is_contiguous((4,), (3,))  # a 1-D slice with a step
-    assert flattens_to_view((2, 3), (6, 2)) and not is_contiguous((2, 3), (6, 2))  # evenly spaced, stride 2
+    assert flattens_to_view((2, 3), (6, 2)) and not is_contiguous((2, 3), (6, 2))  # stride 2
     assert not flattens_to_view((3, 2), (1, 3))  # a transpose
 
 
-@pytest.mark.parametrize("shape", [(), (7,), (2, 3, 4), (1, 5, 1), (3, 0, 2), (0,), (2, 1, 3, 1, 5)])
+@pytest.mark.parametrize(
+    "shape", [(), (7,), (2, 3, 4), (1, 5, 1), (3, 0, 2), (0,), (2, 1, 3, 1, 5)]
+)
 def test_contiguous_strides_match_a_fresh_tensor(shape):
     assert contiguous_strides(shape) == torch.empty(shape).stride()
     assert is_contiguous(shape, contiguous_strides(shape))
@@ -104,7 +107,8 @@ MATMUL_SHAPES = [
 
 @pytest.mark.parametrize(("a_shape", "b_shape"), MATMUL_SHAPES)
 def test_matmul_shape_matches_torch(a_shape, b_shape):
-    assert matmul_shape(a_shape, b_shape) == tuple(torch.matmul(torch.ones(a_shape), torch.ones(b_shape)).shape)
+    product = torch.matmul(torch.ones(a_shape), torch.ones(b_shape))
+    assert matmul_shape(a_shape, b_shape) == tuple(product.shape)
 
 
 @pytest.mark.parametrize(
@@ -128,14 +132,14 @@ def test_split_heads_is_a_view_and_merge_heads_inverts_it():
     x = torch.randn(batch, seq, d_model, generator=torch.Generator().manual_seed(0))
     heads = split_heads(x, n_heads)
     assert heads.shape == (batch, n_heads, seq, d_model // n_heads)
-    assert heads.data_ptr() == x.data_ptr() and not heads.is_contiguous()  # a view: same storage, new strides
+    assert heads.data_ptr() == x.data_ptr() and not heads.is_contiguous()  # a view: new strides
     assert torch.equal(heads, x.view(batch, seq, n_heads, d_model // n_heads).transpose(1, 2))
     merged = merge_heads(heads)  # undoing the split restores the original strides: still a view
     assert torch.equal(merged, x) and merged.data_ptr() == x.data_ptr()
 
 
 def test_merge_heads_copies_a_contiguous_heads_tensor():
-    heads = torch.randn(2, 3, 5, 4)  # e.g. attention's output: (batch, heads, seq, d_head), contiguous
+    heads = torch.randn(2, 3, 5, 4)  # attention's output: (batch, heads, seq, d_head), contiguous
     merged = merge_heads(heads)
     assert merged.shape == (2, 5, 12)
     assert merged.untyped_storage().data_ptr() != heads.untyped_storage().data_ptr()
@@ -144,33 +148,48 @@ def test_merge_heads_copies_a_contiguous_heads_tensor():
     assert merge_heads(single_position).data_ptr() == single_position.data_ptr()
 
 
-@pytest.mark.parametrize(
-    ("call", "error", "message"),
-    [
-        (lambda: element_offset((1, 2), (4, 1, 1)), ValueError, "one per dimension"),
-        (lambda: element_offset((-1, 0), (4, 1)), ValueError, r"index\[0\] = -1 must be >= 0"),
-        (lambda: element_offset((1.5, 0), (4, 1)), TypeError, r"index\[0\] must be an integer"),
-        (lambda: element_offset((1, 0), (4, 1), storage_offset=-2), ValueError, "storage_offset"),
-        (lambda: element_offset(3, (4,)), TypeError, "index must be a sequence"),
-        (lambda: contiguous_strides((2, -1)), ValueError, r"shape\[1\] = -1"),
-        (lambda: is_contiguous((2, 3), (3,)), ValueError, "one per dimension"),
-        (lambda: flattens_to_view((2, 3), (3, 1, 1)), ValueError, "one per dimension"),
-        (lambda: split_heads(torch.ones(2, 3, 10), 4), ValueError, r"d_model \(10\) is not divisible by n_heads \(4\)"),
-        (lambda: split_heads(torch.ones(2, 10), 2), ValueError, r"shape \(batch, seq, d_model\)"),
-        (lambda: split_heads(torch.ones(2, 3, 10), 0), ValueError, "n_heads must be a positive integer"),
-        (lambda: merge_heads(torch.ones(2, 3, 4)), ValueError, r"shape \(batch, heads, seq, d_head\)"),
-    ],
-)
+X = torch.ones(2, 3, 10)
+
+INVALID_CALLS = [  # (call, error, message fragment)
+    (lambda: element_offset((1, 2), (4, 1, 1)), ValueError, "one per dimension"),
+    (lambda: element_offset((-1, 0), (4, 1)), ValueError, r"index\[0\] must be an integer >= 0"),
+    (lambda: element_offset((1.5, 0), (4, 1)), TypeError, r"index\[0\] must be an integer"),
+    (lambda: element_offset((1, 0), (4, 1), storage_offset=-2), ValueError, "storage_offset"),
+    (lambda: element_offset((1, 0), (4, 1), storage_offset=True), TypeError,
+     "storage_offset must be an integer, got True"),
+    (lambda: element_offset((1, 0), (4, 1), 1.5), TypeError, "storage_offset must be an integer"),
+    (lambda: element_offset(3, (4,)), TypeError, "index must be a sequence"),
+    (lambda: element_offset((0,), "1"), TypeError, "strides must be a sequence"),
+    (lambda: element_offset((0,), (-1,)), ValueError, r"strides\[0\] must be an integer >= 0"),
+    (lambda: contiguous_strides((2, -1)), ValueError, r"shape\[1\] must be an integer >= 0"),
+    (lambda: contiguous_strides("abc"), TypeError, "shape must be a sequence of integers"),
+    (lambda: contiguous_strides((True, 2)), TypeError, r"shape\[0\] must be an integer, got True"),
+    (lambda: is_contiguous((2, 3), (3,)), ValueError, "one per dimension"),
+    (lambda: is_contiguous((2, 3), None), TypeError, "strides must be a sequence"),
+    (lambda: flattens_to_view((2, 3), (3, 1, 1)), ValueError, "one per dimension"),
+    (lambda: flattens_to_view((2.0, 3), (3, 1)), TypeError, r"shape\[0\] must be an integer"),
+    (lambda: matmul_shape((2, 3.0), (3,)), TypeError, r"a_shape\[1\] must be an integer"),
+    (lambda: matmul_shape(None, (3,)), TypeError, "a_shape must be a sequence"),
+    (lambda: matmul_shape((2, 3), (3, -4)), ValueError, r"b_shape\[1\] must be an integer >= 0"),
+    (lambda: split_heads(X, 4), ValueError, r"d_model \(10\) is not divisible by n_heads \(4\)"),
+    (lambda: split_heads(torch.ones(2, 10), 2), ValueError, r"shape \(batch, seq, d_model\)"),
+    (lambda: split_heads(X, 0), ValueError, "n_heads must be a positive integer"),
+    (lambda: split_heads(X, True), TypeError, "n_heads must be an integer, got True"),
+    (lambda: split_heads(X, 2.0), TypeError, "n_heads must be an integer"),
+    (lambda: split_heads([[1.0]], 1), TypeError, "x must be a torch.Tensor, got list"),
+    (lambda: merge_heads(torch.ones(2, 3, 4)), ValueError, r"shape \(batch, heads, seq, d_head\)"),
+    (lambda: merge_heads("x"), TypeError, "x must be a torch.Tensor, got str"),
+    (lambda: shares_storage(X, [1, 2]), TypeError, "must be tensors"),
+]
+
+
+@pytest.mark.parametrize(("call", "error", "message"), INVALID_CALLS)
 def test_bad_input_names_the_argument_and_the_rule(call, error, message):
     with pytest.raises(error, match=message):
         call()
 
 
 def test_shares_storage():
-    import torch
-
-    from mlsys.tensors import shares_storage
-
     x = torch.arange(12.0).view(3, 4)
     assert shares_storage(x.t(), x) and shares_storage(x[1:], x)
     assert not shares_storage(x.t().contiguous(), x) and not shares_storage(x.clone(), x)

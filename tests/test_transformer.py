@@ -24,17 +24,19 @@ def build(seed: int = SEED, dtype: torch.dtype = torch.float32, **overrides) -> 
 
 
 def random_tokens(cfg: TransformerConfig, batch: int, seq: int, seed: int = SEED) -> torch.Tensor:
-    return torch.randint(0, cfg.vocab_size, (batch, seq), generator=torch.Generator().manual_seed(seed))
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, cfg.vocab_size, (batch, seq), generator=generator)
 
 
-# --- config -----------------------------------------------------------------------------------------
+# --- config ---------------------------------------------------------------------------------------
 
 
 def test_defaults_are_the_debug_preset_and_presets_build():
     assert TransformerConfig() == TransformerConfig.preset("debug")
     assert set(PRESETS) == {"debug", "small", "medium", "large", "xl", "2.7B"}
     small = TransformerConfig.preset("small", attention="sdpa")
-    assert (small.d_model, small.d_ff, small.n_layers, small.n_heads, small.d_head) == (768, 3072, 12, 12, 64)
+    sizes = (small.d_model, small.d_ff, small.n_layers, small.n_heads, small.d_head)
+    assert sizes == (768, 3072, 12, 12, 64)
     assert (small.vocab_size, small.context_length, small.attention) == (10_000, 1_024, "sdpa")
     assert tm.TransformerConfig is TransformerConfig  # re-exported
     for name in ATTENTION_BACKENDS:  # the one registry: every name resolves to a function
@@ -46,13 +48,23 @@ def test_defaults_are_the_debug_preset_and_presets_build():
 @pytest.mark.parametrize(
     ("kwargs", "error", "fragments"),
     [
-        (dict(d_model=1000, n_heads=16), ValueError, ["d_model (1000)", "n_heads (16)", "not divisible"]),
+        (dict(d_model=1000, n_heads=16), ValueError,
+         ["d_model (1000)", "n_heads (16)", "not divisible"]),
         (dict(d_model=0), ValueError, ["d_model must be a positive integer, got 0"]),
         (dict(n_layers=-2), ValueError, ["n_layers", "-2"]),
         (dict(vocab_size=64.0), TypeError, ["vocab_size", "64.0"]),
         (dict(d_model=60, n_heads=4), ValueError, ["d_head", "15", "even"]),  # 60 / 4 = 15 is odd
         (dict(attention="flash"), ValueError, ["flash", "naive", "sdpa"]),
+        (dict(attention=None), ValueError, ["attention=None", "naive"]),
         (dict(norm_eps=0.0), ValueError, ["norm_eps"]),
+        (dict(norm_eps=-1e-5), ValueError, ["norm_eps must be > 0"]),
+        (dict(norm_eps=True), TypeError, ["norm_eps must be a real number, got True"]),
+        (dict(rope_theta=float("nan")), ValueError, ["rope_theta must be finite"]),
+        (dict(rope_theta="1e4"), TypeError, ["rope_theta must be a real number"]),
+        (dict(vocab_size=True), TypeError, ["vocab_size must be an integer, got True"]),
+        (dict(context_length=0), ValueError, ["context_length must be a positive integer"]),
+        (dict(d_ff=176.0), TypeError, ["d_ff must be an integer"]),
+        (dict(n_heads=None), TypeError, ["n_heads must be an integer"]),
     ],
 )
 def test_config_rejects_bad_values(kwargs, error, fragments):
@@ -63,13 +75,17 @@ def test_config_rejects_bad_values(kwargs, error, fragments):
 
 
 def test_unknown_preset_and_field():
-    with pytest.raises(ValueError, match="known: debug, small, medium, large, xl, 2.7B"):
+    with pytest.raises(ValueError, match="preset='huge' is not one of 'debug', 'small', 'medium'"):
         TransformerConfig.preset("huge")
+    with pytest.raises(ValueError, match="preset=None is not one of"):
+        TransformerConfig.preset(None)
+    with pytest.raises(ValueError, match="preset=.* is not one of"):
+        TransformerConfig.preset(["small"])
     with pytest.raises(ValueError, match="d_modle"):
         TransformerConfig.preset("small", d_modle=512)
 
 
-# --- model --------------------------------------------------------------------------------------------
+# --- model ----------------------------------------------------------------------------------------
 
 
 def test_forward_backward_and_loss_at_init_is_near_ln_vocab():
@@ -86,7 +102,7 @@ def test_forward_backward_and_loss_at_init_is_near_ln_vocab():
     for name, p in model.named_parameters():
         assert p.grad is not None and torch.isfinite(p.grad).all(), name
     assert model.lm_head.weight.grad.abs().sum() > 0
-    assert model.blocks[0].attn.q_proj.weight.grad.abs().sum() > 0  # gradient reaches the first block
+    assert model.blocks[0].attn.q_proj.weight.grad.abs().sum() > 0  # reaches the first block
 
 
 def test_naive_and_sdpa_attention_agree():
@@ -95,8 +111,10 @@ def test_naive_and_sdpa_attention_agree():
     assert (naive.blocks[0].attn.backend, sdpa.blocks[0].attn.backend) == ("naive", "sdpa")
     tokens = random_tokens(DEBUG, batch=3, seq=37)
     torch.testing.assert_close(naive(tokens), sdpa(tokens), rtol=1e-10, atol=1e-10)
-    q, k, v = torch.randn(3, 2, 3, 37, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-    torch.testing.assert_close(attention.naive_causal_attention(q, k, v), attention.sdpa_causal_attention(q, k, v))
+    generator = torch.Generator().manual_seed(1)
+    q, k, v = torch.randn(3, 2, 3, 37, 16, dtype=torch.float64, generator=generator)
+    torch.testing.assert_close(attention.naive_causal_attention(q, k, v),
+                               attention.sdpa_causal_attention(q, k, v))
 
 
 @pytest.mark.parametrize("attention", ATTENTION_BACKENDS)
@@ -108,7 +126,7 @@ def test_causality(attention):
     changed[:, t] = (tokens[:, t] + 1) % DEBUG.vocab_size
     before, after = model(tokens), model(changed)
     torch.testing.assert_close(before[:, :t], after[:, :t], rtol=0, atol=1e-12)
-    assert (before[:, t:] - after[:, t:]).abs().amax(dim=-1).min() > 1e-6  # every later position sees it
+    assert (before[:, t:] - after[:, t:]).abs().amax(dim=-1).min() > 1e-6  # every later one sees it
 
 
 def test_rope_scores_depend_only_on_position_difference():
@@ -125,25 +143,99 @@ def test_rope_scores_depend_only_on_position_difference():
     for offset in (0, 3, 17):
         for shift in (1, 5, 30):
             m, n = 10 + offset, 10
-            torch.testing.assert_close(scores[m, n], scores[m + shift, n + shift], rtol=0, atol=1e-12)
+            shifted = scores[m + shift, n + shift]
+            torch.testing.assert_close(scores[m, n], shifted, rtol=0, atol=1e-12)
     assert (scores[13, 10] - scores[27, 10]).abs() > 1e-3  # but it does depend on the difference
-    torch.testing.assert_close(q_rot.norm(dim=-1), q.norm().expand(context))  # rotations keep length
+    torch.testing.assert_close(q_rot.norm(dim=-1), q.norm().expand(context))  # lengths are kept
     torch.testing.assert_close(q_rot[0], q)  # position 0 is not rotated
+
+
+LONG = torch.long
 
 
 @pytest.mark.parametrize(
     ("tokens", "error", "fragments"),
     [
-        (torch.zeros(2, DEBUG.context_length + 1, dtype=torch.long), ValueError, ["seq (129)", "(128)"]),
+        (torch.zeros(2, DEBUG.context_length + 1, dtype=LONG), ValueError, ["seq (129)", "(128)"]),
         (torch.zeros(2, 8), TypeError, ["tokens", "integer", "float32"]),
-        (torch.zeros(8, dtype=torch.long), ValueError, ["(batch, seq)"]),
+        (torch.zeros(8, dtype=LONG), ValueError, ["(batch, seq)"]),
+        (torch.zeros(0, 8, dtype=LONG), ValueError, ["with batch, seq >= 1", "(0, 8)"]),
+        (torch.zeros(2, 0, dtype=LONG), ValueError, ["batch, seq >= 1"]),
+        ([[1, 2, 3]], TypeError, ["tokens must be an integer tensor", "list"]),
+        (torch.tensor([[1, 2, 1000]]), ValueError, ["tokens", "[0, 1000)", "got 1000"]),
+        (torch.tensor([[5, -1, 2]]), ValueError, ["tokens", "[0, 1000)", "got -1"]),
+        (torch.tensor([[5, 2**40]]), ValueError, ["vocab_size", f"got {2**40}"]),
+        (torch.tensor([[3, 2001]], dtype=torch.int32), ValueError, ["got 2001"]),
+        (torch.zeros(2, 3, dtype=torch.uint8), TypeError, ["torch.int64 or int32", "uint8"]),
     ],
 )
 def test_forward_rejects_bad_tokens(tokens, error, fragments):
+    model = build()
     with pytest.raises(error) as info:
-        build()(tokens)
+        model(tokens)
     for fragment in fragments:
         assert fragment in str(info.value)
+
+
+def test_out_of_range_tokens_are_refused_before_the_embedding(monkeypatch):
+    model = build()
+    calls = []
+    model.token_embedding.register_forward_pre_hook(lambda module, args: calls.append(args))
+    with pytest.raises(ValueError, match="tokens must be ids in"):
+        model(torch.tensor([[1, DEBUG.vocab_size]]))
+    assert calls == []  # torch's own IndexError would come from inside the embedding
+    model(torch.tensor([[0, DEBUG.vocab_size - 1]]))
+    assert len(calls) == 1
+
+
+def test_rmsnorm_rounds_once_to_the_input_dtype():
+    norm = tm.RMSNorm(64)
+    with torch.no_grad():
+        norm.weight.copy_(1 + 0.3 * torch.randn(64, generator=torch.Generator().manual_seed(0)))
+    x = torch.randn(4, 5, 64, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    y = norm(x)  # bf16 input, fp32 weight
+    assert y.dtype == torch.bfloat16
+    x32 = x.float()
+    once = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + norm.eps) * norm.weight)
+    assert torch.equal(y, once.to(torch.bfloat16))  # computed in fp32, rounded once
+    assert norm(x.double()).dtype == torch.float64  # never narrower than the input
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        (lambda: tm.RMSNorm(0), ValueError, "d_model must be a positive integer"),
+        (lambda: tm.RMSNorm(8, eps=0.0), ValueError, "eps must be > 0"),
+        (lambda: tm.RMSNorm(8, eps="1e-5"), TypeError, "eps must be a real number"),
+        (lambda: tm.RMSNorm(8)(torch.ones(2, 3, 4)), ValueError, "RMSNorm needs a last dim of 8"),
+        (lambda: tm.RMSNorm(8)(torch.ones(2, 8, dtype=torch.long)), TypeError,
+         "x must be a floating-point tensor"),
+        (lambda: tm.RotaryEmbedding(7, 16), ValueError, r"d_head \(7\) must be even"),
+        (lambda: tm.RotaryEmbedding(8, 0), ValueError, "context_length must be a positive"),
+        (lambda: tm.RotaryEmbedding(8, 16, theta=-1.0), ValueError, "theta must be > 0"),
+        (lambda: tm.RotaryEmbedding(8, 16)(17), ValueError, r"seq \(17\) exceeds context_length"),
+        (lambda: tm.RotaryEmbedding(8, 16)(0), ValueError, "seq must be a positive integer"),
+        (lambda: apply_rope(torch.ones(1, 2, 5, 8), torch.ones(5, 8), torch.ones(5, 8)),
+         ValueError, r"cos, sin of shape \(seq, d_head // 2\) = \(5, 4\)"),
+        (lambda: apply_rope(torch.ones(1, 2, 5, 7), torch.ones(5, 3), torch.ones(5, 3)),
+         ValueError, "needs an even d_head"),
+        (lambda: apply_rope(torch.ones(1, 2, 5, 8), [1.0], torch.ones(5, 4)), TypeError,
+         "x, cos and sin must be tensors"),
+        (lambda: tm.SwiGLU(0, 16), ValueError, "d_model must be a positive integer"),
+        (lambda: tm.SwiGLU(8, 16)(torch.ones(2, 3, 16)), ValueError, "SwiGLU needs a last dim"),
+        (lambda: tm.CausalSelfAttention(dict(PRESETS["debug"])), TypeError,
+         "config must be a TransformerConfig"),
+        (lambda: tm.Block(None), TypeError, "config must be a TransformerConfig, got NoneType"),
+        (lambda: build().blocks[0].attn(torch.ones(2, 64), torch.ones(2, 8), torch.ones(2, 8)),
+         ValueError, r"x must have shape \(batch, seq, d_model\)"),
+        (lambda: build().init_weights(seed=-1), ValueError, "seed must be an integer >= 0"),
+        (lambda: build().init_weights(seed=1.5), TypeError, "seed must be an integer"),
+        (lambda: build().num_params(non_embedding="yes"), ValueError, "non_embedding='yes'"),
+    ],
+)
+def test_modules_refuse_bad_arguments(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
 
 
 def test_constructor_needs_a_config():
@@ -167,7 +259,8 @@ def test_meta_then_materialize_matches_direct_init():
     lazy.to_empty(device="cpu")
     lazy.init_weights(seed=7)
     eager = build(seed=7)
-    for (name, a), (_, b) in zip(lazy.state_dict().items(), eager.state_dict().items(), strict=True):
+    pairs = zip(lazy.state_dict().items(), eager.state_dict().items(), strict=True)
+    for (name, a), (_, b) in pairs:
         assert torch.equal(a, b), name
     assert torch.equal(lazy.rope.cos, eager.rope.cos)
     other = build(seed=8)
@@ -177,7 +270,7 @@ def test_meta_then_materialize_matches_direct_init():
 def test_jaxtyping_annotations_hold_at_runtime(monkeypatch):
     checked = lambda fn: jaxtyped(typechecker=beartype)(fn)  # noqa: E731
     monkeypatch.setattr(tm, "apply_rope", checked(tm.apply_rope))
-    for fn_name in ("naive_causal_attention", "sdpa_causal_attention"):  # resolved when the model is built
+    for fn_name in ("naive_causal_attention", "sdpa_causal_attention"):  # resolved at build time
         monkeypatch.setattr(attention, fn_name, checked(getattr(attention, fn_name)))
     for cls in (tm.RMSNorm, tm.CausalSelfAttention, tm.SwiGLU, tm.Block, tm.Transformer):
         monkeypatch.setattr(cls, "forward", checked(cls.forward))
@@ -190,4 +283,4 @@ def test_jaxtyping_annotations_hold_at_runtime(monkeypatch):
     with pytest.raises(TypeCheckError):
         model(torch.zeros(2, 11))  # float tokens violate Int[...]
     with pytest.raises(TypeCheckError):
-        tm.apply_rope(torch.zeros(1, 2, 5, 16), torch.zeros(5, 7), torch.zeros(5, 7))  # d_head//2 is 8, not 7
+        tm.apply_rope(torch.zeros(1, 2, 5, 16), torch.zeros(5, 7), torch.zeros(5, 7))  # 8, not 7

@@ -1,4 +1,5 @@
-"""Timing that can be trusted: warm-up, synchronization, many repeats, median and spread, provenance.
+"""Timing that can be trusted: warm-up, synchronization, many repeats, median and spread,
+provenance.
 
 On a GPU, kernel launches are asynchronous: a timer around `fn()` measures the launch, not the work.
 `benchmark` synchronizes and times each repeat with CUDA events there, and with `time.perf_counter`
@@ -40,6 +41,9 @@ Clock = Callable[[], float]
 
 MAX_SPREAD = 1.5
 """A timing whose p80 / p20 exceeds this is too noisy to interpret (re-measured, then reported)."""
+MIN_SAMPLE_S = 2e-3
+"""Experiments time operations shorter than this several times per sample
+(`benchmark_interleaved`)."""
 MAX_DRIFT = 0.25
 """A probe whose median moves by more than this fraction between the first and the second half of
 its repeats (the machine's load changed during the run) is re-measured, then reported."""
@@ -90,7 +94,8 @@ class Timing:
         n = len(self.samples_s)
         if n < 4:
             return 0.0
-        early, late = statistics.median(self.samples_s[: n // 2]), statistics.median(self.samples_s[n // 2 :])
+        early = statistics.median(self.samples_s[: n // 2])
+        late = statistics.median(self.samples_s[n // 2 :])
         return abs(late - early) / early if early > 0 else math.inf
 
     def __str__(self) -> str:
@@ -168,6 +173,7 @@ def benchmark_interleaved(
     warmup: int = 2,
     repeats: int = 10,
     device: str | None = None,
+    min_sample_s: float = 0.0,
     clock: Clock | None = None,
 ) -> dict[str, Timing]:
     """Time several functions round-robin: `repeats` rounds, each calling every function once.
@@ -175,26 +181,36 @@ def benchmark_interleaved(
     The order rotates from round to round, so no function always follows the same neighbour. A
     ceiling probe timed this way with the operations it is compared to sees the same moments of
     the machine's load: the comparison is fair even when the load changes during the run.
+    With `min_sample_s`, a function faster than that is called several times per sample (as many
+    as its last warm-up call says fit), so the timer's own jitter does not dominate tiny operations;
+    the samples are always seconds per call.
     """
     if not fns or not all(callable(f) for f in fns.values()):
         raise TypeError("fns must be a non-empty mapping of names to callables")
     device = _check_timing_arguments(warmup, repeats, device)
+    checks.nonnegative(min_sample_s, "min_sample_s")
     names = list(fns)
+    calls = {}
     for name in names:
         for _ in range(warmup):
             fns[name]()
+        one = _time_once(fns[name], device, clock or time.perf_counter) if min_sample_s > 0 else 0.0
+        calls[name] = max(1, math.ceil(min_sample_s / one)) if one > 0 else 1
     _synchronize(device)
     samples: dict[str, list[float]] = {name: [] for name in names}
     for r in range(repeats):
         for name in names[r % len(names) :] + names[: r % len(names)]:
-            samples[name].append(_time_once(fns[name], device, clock or time.perf_counter))
+            fn, n = fns[name], calls[name]
+            run = fn if n == 1 else (lambda fn=fn, n=n: [fn() for _ in range(n)])
+            samples[name].append(_time_once(run, device, clock or time.perf_counter) / n)
     stamp = provenance()
     return {n: Timing(tuple(samples[n]), warmup, device, provenance=stamp) for n in names}
 
 
 @dataclass(frozen=True)
 class Consistency:
-    """What the consistency check said after the last attempt: no problems means the numbers hold."""
+    """What the consistency check said after the last attempt: no problems means the numbers
+    hold."""
 
     problems: tuple[str, ...]
     attempts: int
@@ -207,13 +223,15 @@ class Consistency:
 def noise_problems(
     timings: Mapping[str, Timing], *, max_spread: float = MAX_SPREAD, max_drift: float = MAX_DRIFT
 ) -> list[str]:
-    """The timings whose spread (p80 / p20) or drift between halves exceeds the thresholds, as sentences."""
+    """The timings whose spread (p80 / p20) or drift between halves exceeds the thresholds, as
+    sentences."""
     problems = []
     for name, t in timings.items():
         if t.spread_ratio > max_spread:
             problems.append(f"{name}: p80 / p20 = {t.spread_ratio:.2f} (more than {max_spread:g})")
         if t.drift > max_drift:
-            problems.append(f"{name}: moved by {t.drift:.0%} during the run (more than {max_drift:.0%})")
+            problems.append(f"{name}: moved by {t.drift:.0%} during the run "
+                            f"(more than {max_drift:.0%})")
     return problems
 
 
@@ -224,7 +242,8 @@ def measure_consistently(
     attempts: int = 3,
     **timing_kwargs: Any,
 ) -> tuple[dict[str, Timing], Consistency]:
-    """`benchmark_interleaved(fns)` until `check(timings)` finds no problem, at most `attempts` times.
+    """`benchmark_interleaved(fns)` until `check(timings)` finds no problem, at most `attempts`
+    times.
 
     Returns the last timings and what `check` still found in them: a caller shows the numbers in any
     case, and its verdict only when `Consistency.ok`.
@@ -259,10 +278,12 @@ def git_commit(repo: Path | None = None) -> str:
     cwd = repo or Path(__file__).resolve().parent
     try:
         rev = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"], cwd=cwd, capture_output=True, text=True, check=True
+            ["git", "rev-parse", "--short=12", "HEAD"],
+            cwd=cwd, capture_output=True, text=True, check=True,
         ).stdout.strip()
         dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd, capture_output=True, text=True
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=cwd, capture_output=True, text=True,
         ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
@@ -270,7 +291,8 @@ def git_commit(repo: Path | None = None) -> str:
 
 
 def provenance() -> dict[str, Any]:
-    """What produced a measurement: device, versions, profile, date (UTC), commit and command line."""
+    """What produced a measurement: device, versions, profile, date (UTC), commit and command
+    line."""
     record: dict[str, Any] = {
         "device": env.device_name(),
         "device_type": env.device(),
@@ -305,13 +327,15 @@ _DEFAULT_TRIM_THRESHOLD, _DEFAULT_MMAP_MAX = 128 * 1024, 65536
 
 @contextlib.contextmanager
 def kept_cpu_memory() -> Iterator[bool]:
-    """Inside: glibc keeps freed memory mapped, as a GPU's caching allocator does; yields whether applied.
+    """Inside: glibc keeps freed memory mapped, as a GPU's caching allocator does; yields whether
+    applied.
 
-    PyTorch's CPU allocator returns large freed blocks to the OS, so each fresh output of tens of MB is
-    new memory the OS must map and zero page by page on first write, and a timing of `x * 2` measures
-    page faults more than the kernel. Serving large blocks from the heap (M_MMAP_MAX = 0) and never
-    trimming it (a large M_TRIM_THRESHOLD) removes that. Process-wide while active; the glibc defaults
-    are restored on exit. Elsewhere (not Linux/glibc) nothing changes and it yields False.
+    PyTorch's CPU allocator returns large freed blocks to the OS, so each fresh output of tens of MB
+    is new memory the OS must map and zero page by page on first write, and a timing of `x * 2`
+    measures page faults more than the kernel. Serving large blocks from the heap (M_MMAP_MAX = 0)
+    and never trimming it (a large M_TRIM_THRESHOLD) removes that. Process-wide while active; the
+    glibc defaults are restored on exit. Elsewhere (not Linux/glibc) nothing changes and it yields
+    False.
     """
     if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
         yield False

@@ -1,4 +1,5 @@
-"""Helpers for the book's pages: put numbers computed by code, and words computed from numbers, into the prose.
+"""Helpers for the book's pages: put numbers computed by code, and words computed from numbers,
+into the prose.
 
 `glue(name, value)` hands a value to MyST-NB so the Markdown can say {glue:text}`name:,` instead of
 a hand-typed number. Outside a book build (Colab, a plain Jupyter) MyST-NB may be absent; then the
@@ -21,9 +22,11 @@ T = TypeVar("T")
 
 
 def glue(name: str, value: T) -> T:
-    """Register `value` under `name` for MyST-NB's {glue} roles (without displaying it); return it."""
+    """Register `value` under `name` for MyST-NB's {glue} roles (without displaying it); return
+    it."""
     if not name.isidentifier():
-        raise ValueError(f"glue name={name!r} must be a Python identifier (letters, digits, underscores)")
+        raise ValueError(f"glue name={name!r} must be a Python identifier "
+                         "(letters, digits, underscores)")
     if importlib.util.find_spec("myst_nb") is not None:
         from myst_nb import glue as _myst_glue
 
@@ -31,7 +34,8 @@ def glue(name: str, value: T) -> T:
     return value
 
 
-def compare_speed(name_a: str, seconds_a: float, name_b: str, seconds_b: float, *, tie: float = 1.1) -> str:
+def compare_speed(name_a: str, seconds_a: float, name_b: str, seconds_b: float, *,
+                  tie: float = 1.1) -> str:
     """"A is 2.3x faster than B", "A is 1.5x slower than B", or "A and B take the same time (within
     10%)" when the ratio is within `tie`; computed from the two times."""
     checks.positive(seconds_a, "seconds_a")
@@ -45,21 +49,29 @@ def compare_speed(name_a: str, seconds_a: float, name_b: str, seconds_b: float, 
     return f"{name_a} is {1 / ratio:.2f}x slower than {name_b}"
 
 
+SHOWN_PROBLEMS = 2
+"""A withheld verdict names this many of the problems found, then counts the rest."""
+
+
 def verdict(text: str, problems: list[str] | tuple[str, ...]) -> str:
-    """`text` when `problems` is empty; otherwise a sentence that withholds it and lists the problems.
+    """`text` when `problems` is empty; otherwise a sentence that withholds it and lists the
+    problems.
 
     Chapters pass the consistency checks' findings, so a noisy machine never shows a verdict that
     its own numbers contradict: the numbers stay on the page, the interpretation does not.
     """
     if not problems:
         return text
-    listed = "; ".join(problems)
-    return f"no verdict: the measurements were not consistent enough to interpret ({listed})"
+    listed = "; ".join(problems[:SHOWN_PROBLEMS])
+    if len(problems) > SHOWN_PROBLEMS:
+        listed += f"; and {len(problems) - SHOWN_PROBLEMS} more"
+    return f"no verdict: the machine was too noisy for one ({listed})"
 
 
 def num(x: float, digits: int = 3) -> str:
     """`x` to `digits` significant digits, with thousands separators instead of an exponent
-    between 10**digits and 1e15: num(0.012345) = "0.0123", num(4.5678) = "4.57", num(123456) = "123,456"."""
+    between 10**digits and 1e15: num(0.012345) = "0.0123", num(4.5678) = "4.57",
+    num(123456) = "123,456"."""
     if digits < 1:
         raise ValueError(f"digits must be at least 1, got {digits}")
     if 10**digits <= abs(x) < 1e15:
@@ -68,7 +80,8 @@ def num(x: float, digits: int = 3) -> str:
 
 
 def markdown_table(header: list[object], rows: list[list[object]]) -> str:
-    """A MyST/GitHub Markdown table (for a one-pager cell that prints Markdown); cells via `str()`."""
+    """A MyST/GitHub Markdown table (for a one-pager cell that prints Markdown); cells via
+    `str()`."""
     Table(header, rows)  # the same width checks as Table
     lines = ["| " + " | ".join(map(str, header)) + " |", "|" + " --- |" * len(header)]
     lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
@@ -76,7 +89,8 @@ def markdown_table(header: list[object], rows: list[list[object]]) -> str:
 
 
 class Table:
-    """A small table that renders as HTML in the book and in Jupyter, and as aligned text in a terminal.
+    """A small table that renders as HTML in the book and in Jupyter, and as aligned text in a
+    terminal.
 
     Cells are shown with `str()`; format numbers before passing them in. Text in backticks is
     rendered as code in HTML.
@@ -98,11 +112,14 @@ class Table:
 
         cell = 'style="white-space:nowrap; padding:0.15em 0.6em; text-align:left"'
         head = "".join(f"<th {cell}>{html(h)}</th>" for h in self.header)
-        body = "".join("<tr>" + "".join(f"<td {cell}>{html(c)}</td>" for c in row) + "</tr>" for row in self.rows)
-        table = f'<table style="font-size:0.85em"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+        body = "".join("<tr>" + "".join(f"<td {cell}>{html(c)}</td>" for c in row) + "</tr>"
+                       for row in self.rows)
+        table = (f'<table style="font-size:0.85em"><thead><tr>{head}</tr></thead>'
+                 f'<tbody>{body}</tbody></table>')
         return f'<div style="overflow-x:auto">{table}</div>'
 
     def __repr__(self) -> str:
         lines = [self.header, *self.rows]
         widths = [max(len(r[i]) for r in lines) for i in range(len(self.header))]
-        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in lines)
+        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True))
+                         for r in lines)

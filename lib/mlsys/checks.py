@@ -24,7 +24,8 @@ def integer(value: object, name: str, *, minimum: int | None = None) -> int:
     try:
         number = operator.index(value)
     except TypeError:
-        raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})") from None
+        raise TypeError(f"{name} must be an integer, "
+                        f"got {value!r} ({type(value).__name__})") from None
     if minimum is not None and number < minimum:
         rule = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
         raise ValueError(f"{name} must be {rule}, got {number}")
@@ -87,7 +88,8 @@ def fraction(value: object, name: str) -> float:
 
 
 def int_sequence(values: object, name: str, *, minimum: int | None = 0) -> tuple[int, ...]:
-    """`values` (a list or tuple of integers, not a string) as a tuple of ints, each >= `minimum`."""
+    """`values` (a list or tuple of integers, not a string) as a tuple of ints, each >=
+    `minimum`."""
     if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
         raise TypeError(f"{name} must be a sequence of integers such as (2, 3), got {values!r}")
     return tuple(integer(v, f"{name}[{i}]", minimum=minimum) for i, v in enumerate(values))
@@ -106,7 +108,9 @@ def choice(value: T, name: str, choices: Iterable[Any]) -> T:
 
 
 def attributes(obj: object, name: str, attrs: Iterable[str], *, example: str) -> None:
-    """`obj` must have every attribute in `attrs` (duck-typed configs); TypeError naming the first missing."""
+    """`obj` must have every attribute in `attrs` (duck-typed configs); TypeError naming the
+    first missing."""
     for attr in attrs:
         if not hasattr(obj, attr):
-            raise TypeError(f"{name} needs a {attr!r} attribute ({example}), got {type(obj).__name__}")
+            raise TypeError(f"{name} needs a {attr!r} attribute ({example}), "
+                            f"got {type(obj).__name__}")

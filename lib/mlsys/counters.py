@@ -52,12 +52,14 @@ class ByteCounter(TorchDispatchMode):
         outputs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
         input_storages = {t.untyped_storage().data_ptr() for t in inputs if t.device.type != "meta"}
         is_view = bool(outputs) and all(
-            t.device.type != "meta" and t.untyped_storage().data_ptr() in input_storages for t in outputs
+            t.device.type != "meta" and t.untyped_storage().data_ptr() in input_storages
+            for t in outputs
         )
         if not is_view:
             name = func.overloadpacket.__name__
             largest = max((t.numel() for t in inputs + outputs), default=0)
-            self.ops.append(OpTraffic(name, sum(map(_nbytes, inputs)), sum(map(_nbytes, outputs)), largest))
+            read, written = sum(map(_nbytes, inputs)), sum(map(_nbytes, outputs))
+            self.ops.append(OpTraffic(name, read, written, largest))
         return out
 
     @property
@@ -90,7 +92,8 @@ class Touch:
 
 
 class StorageTouches(TorchDispatchMode):
-    """Log the ops that read or write the storage of the named tensors: `StorageTouches(W=w, dW=w.grad)`.
+    """Log the ops that read or write the storage of the named tensors:
+    `StorageTouches(W=w, dW=w.grad)`.
 
     A tensor counts as read when a view of its storage is an op's input and as written when it is
     an output (in-place ops such as `add_` are both). View ops move no data and are left out.
@@ -105,7 +108,8 @@ class StorageTouches(TorchDispatchMode):
         self.touches: list[Touch] = []
 
     def _names(self, obj: Any) -> tuple[str, ...]:
-        ptrs = {t.untyped_storage().data_ptr() for t in tree_leaves(obj) if isinstance(t, torch.Tensor)}
+        ptrs = {t.untyped_storage().data_ptr()
+                for t in tree_leaves(obj) if isinstance(t, torch.Tensor)}
         return tuple(sorted(name for name, ptr in self._storages.items() if ptr in ptrs))
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):

@@ -69,10 +69,12 @@ def bytes_per_element(dtype: object) -> int:
 
 
 def torch_dtype(dtype: object) -> torch.dtype:
-    """The `torch.dtype` of `dtype` (torch.bfloat16 for "bf16"); ValueError where torch has none (tf32)."""
+    """The `torch.dtype` of `dtype` (torch.bfloat16 for "bf16"); ValueError where torch has none
+    (tf32)."""
     entry = DTYPES[canonical(dtype)]
     if entry.torch_name is None:
-        raise ValueError(f"dtype={dtype!r} has no torch dtype (tf32 exists only inside matrix units)")
+        raise ValueError(f"dtype={dtype!r} has no torch dtype "
+                         "(tf32 exists only inside matrix units)")
     import torch
 
     return getattr(torch, entry.torch_name)

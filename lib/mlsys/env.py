@@ -11,8 +11,8 @@
 `MLSYS_PROFILE` always wins; otherwise the hardware decides (never the `CI` variable).
 
 Triton's interpreter (`TRITON_INTERPRET=1`) must be switched on before any `@triton.jit` function
-is defined, so kernel modules call `setup_triton()` first; it does so when no GPU is present. Nothing here
-runs at import time. Used in: every chapter (the first cell prints `describe()`).
+is defined, so kernel modules call `setup_triton()` first; it does so when no GPU is present.
+Nothing here runs at import time. Used in: every chapter (the first cell prints `describe()`).
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ def profile() -> str:
     if requested:
         if requested not in PROFILES:
             raise ValueError(
-                f"{PROFILE_VARIABLE}={requested!r} is not a known profile; choose one of {', '.join(PROFILES)}"
+                f"{PROFILE_VARIABLE}={requested!r} is not a known profile; "
+                f"choose one of {', '.join(PROFILES)}"
             )
         return requested
     return "gpu" if device() == "cuda" else "cpu"
@@ -60,7 +61,8 @@ def pick(*, smoke: T, cpu: T, gpu: T, profile_name: str | None = None) -> T:
     """
     name = profile() if profile_name is None else profile_name
     if name not in PROFILES:
-        raise ValueError(f"profile_name={name!r} is not a known profile; choose one of {', '.join(PROFILES)}")
+        raise ValueError(f"profile_name={name!r} is not a known profile; "
+                         f"choose one of {', '.join(PROFILES)}")
     return {"smoke": smoke, "cpu": cpu, "gpu": gpu}[name]
 
 
@@ -75,7 +77,8 @@ TRUE_SPELLINGS = ("1", "true", "on", "yes", "y")
 
 
 def triton_interpreted() -> bool:
-    """Will Triton kernels run in the CPU interpreter (`TRITON_INTERPRET` set to 1, true, on, yes)?"""
+    """Will Triton kernels run in the CPU interpreter (`TRITON_INTERPRET` set to 1, true, on,
+    yes)?"""
     return os.environ.get("TRITON_INTERPRET", "0").strip().lower() in TRUE_SPELLINGS
 
 
@@ -84,8 +87,8 @@ def setup_triton() -> bool:
 
     With no CUDA device, kernels can only run in Triton's interpreter, which reads
     `TRITON_INTERPRET=1` when each `@triton.jit` function is *defined*. The kernel modules call this
-    before defining theirs (importing `triton` itself earlier, as `torch.utils.flop_counter` does, is
-    harmless). An explicit `TRITON_INTERPRET` set by the user is left alone.
+    before defining theirs (importing `triton` itself earlier, as `torch.utils.flop_counter` does,
+    is harmless). An explicit `TRITON_INTERPRET` set by the user is left alone.
     """
     if not has_triton():
         return False
@@ -110,7 +113,8 @@ def versions() -> dict[str, str]:
 
 
 def device_name() -> str:
-    """Human name of the device experiments run on, e.g. "NVIDIA H100 80GB HBM3" or "CPU (x86_64, 2 cores)"."""
+    """Human name of the device experiments run on, e.g. "NVIDIA H100 80GB HBM3" or
+    "CPU (x86_64, 2 cores)"."""
     import torch
 
     kind = device()

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from mlsys import checks
+
 TERA = 1e12
 GIGA = 1e9
 MIB = 2**20
@@ -58,15 +60,27 @@ class Accelerator:
     sources: tuple[str, ...] = field(default_factory=tuple)
 
     def __post_init__(self) -> None:
+        for attr in ("name", "vendor", "interconnect_name"):
+            if not isinstance(getattr(self, attr), str) or not getattr(self, attr):
+                raise TypeError(f"{attr} must be a non-empty string, got {getattr(self, attr)!r}")
+        if not isinstance(self.dense_flop_per_s, dict) or not self.dense_flop_per_s:
+            raise TypeError(f"{self.name}: dense_flop_per_s must be a non-empty dict "
+                            f"{{dtype: FLOP/s}}, got {self.dense_flop_per_s!r}")
         for dtype, rate in self.dense_flop_per_s.items():
-            if rate <= 0:
-                raise ValueError(f"{self.name}: dense_flop_per_s[{dtype!r}] must be positive, got {rate}")
-        for attr in ("hbm_bytes", "hbm_bytes_per_s", "interconnect_bytes_per_s", "pcie_bytes_per_s"):
-            if getattr(self, attr) <= 0:
-                raise ValueError(f"{self.name}: {attr} must be positive, got {getattr(self, attr)}")
+            checks.positive(rate, f"{self.name}: dense_flop_per_s[{dtype!r}]")
+        rates = ("hbm_bytes", "hbm_bytes_per_s", "interconnect_bytes_per_s", "pcie_bytes_per_s")
+        for attr in rates:
+            checks.positive(getattr(self, attr), f"{self.name}: {attr}")
+        for attr in ("l2_bytes", "smem_per_sm_bytes"):
+            if getattr(self, attr) is not None:
+                checks.positive(getattr(self, attr), f"{self.name}: {attr}")
+        if self.sm_count is not None:
+            checks.positive_int(self.sm_count, f"{self.name}: sm_count")
 
     def peak_flop_per_s(self, dtype: str) -> float:
         """Dense peak FLOP/s for `dtype`; ValueError if the device has no matrix rate for it."""
+        if not isinstance(dtype, str):
+            raise TypeError(f"dtype must be a name such as 'bf16', got {dtype!r}")
         if dtype not in self.dense_flop_per_s:
             known = ", ".join(self.dense_flop_per_s)
             raise ValueError(f"{self.name} has no dense peak for dtype={dtype!r}; known: {known}")
@@ -75,11 +89,13 @@ class Accelerator:
     def sparse_flop_per_s(self, dtype: str) -> float:
         """The 2:4-sparsity figure the spec sheet headlines: twice the dense peak (GPUs only)."""
         if self.vendor != "NVIDIA":
-            raise ValueError(f"{self.name}: 2:4 structured sparsity is an NVIDIA tensor-core feature")
+            raise ValueError(f"{self.name}: 2:4 structured sparsity is an NVIDIA tensor-core "
+                             "feature")
         return 2 * self.peak_flop_per_s(dtype)
 
     def ridge_intensity(self, dtype: str) -> float:
-        """FLOP per byte of HBM traffic above which a kernel can be compute-bound: peak / bandwidth."""
+        """FLOP per byte of HBM traffic above which a kernel can be compute-bound: peak / bandwidth.
+        """
         return self.peak_flop_per_s(dtype) / self.hbm_bytes_per_s
 
 
@@ -179,7 +195,10 @@ TPU_V5P = Accelerator(
     interconnect_name="ICI",
     pcie_bytes_per_s=15 * GIGA,  # Scaling Book's approximate host link figure
     notes="Matrix units take bf16 (and int8); fp32 matmuls are emulated with several bf16 passes.",
-    sources=("https://cloud.google.com/tpu/docs/v5p", "https://jax-ml.github.io/scaling-book/tpus/"),
+    sources=(
+        "https://cloud.google.com/tpu/docs/v5p",
+        "https://jax-ml.github.io/scaling-book/tpus/",
+    ),
 )
 
 ACCELERATORS: dict[str, Accelerator] = {
@@ -190,20 +209,31 @@ ACCELERATORS: dict[str, Accelerator] = {
     "tpu-v5p": TPU_V5P,
 }
 
-# Substrings of torch.cuda.get_device_name() -> registry key. Order matters: "H100 PCIe" and
-# "A100-PCIE-40GB" have lower peaks than the SXM parts, so they are not matched to them.
-_DEVICE_NAME_KEYS = (
-    ("H200", "h200"),
-    ("H100 80GB HBM3", "h100"),
-    ("H100 SXM", "h100"),
-    ("A100-SXM4-80GB", "a100"),
-    ("A100 80GB", "a100"),
-    ("B200", "b200"),
+CUDA_DEVICE_NAMES: dict[str, str] = {
+    "NVIDIA H100 80GB HBM3": "h100",  # the H100 SXM5
+    "NVIDIA A100-SXM4-80GB": "a100",
+    "NVIDIA H200": "h200",  # the H200 SXM (the NVL card reports "NVIDIA H200 NVL")
+    "NVIDIA B200": "b200",
+}
+"""The exact names `torch.cuda.get_device_name()` reports for the parts in `ACCELERATORS` -> key.
+
+Matching is exact (surrounding spaces ignored): a name that merely contains "H200" or "A100" may
+be another part with other clocks, memory or links (the H200 NVL, the GH200 superchip, an A100
+PCIe or 40 GB card), and borrowing the SXM spec for it would be silently wrong. Such a device gets
+no spec; `match_report` says why."""
+
+_OTHER_PARTS = (  # (fragment of a device name, why its name does not pick a spec here)
+    ("GH200", "a Grace Hopper superchip has other memory and power limits than the H200 SXM"),
+    ("NVL", "an NVL part has other clocks and links than the SXM part"),
+    ("PCIE", "a PCIe card has lower clocks, power and bandwidth than the SXM part"),
+    ("40GB", "the 40 GB part has less and slower memory than the 80 GB part"),
 )
 
 
 def get(name: str) -> Accelerator:
     """Look up an accelerator by registry key ("a100", "h100", "h200", "b200", "tpu-v5p")."""
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a registry key such as 'h100', got {name!r}")
     key = name.strip().lower()
     if key not in ACCELERATORS:
         raise ValueError(f"unknown accelerator name={name!r}; known: {', '.join(ACCELERATORS)}")
@@ -211,15 +241,30 @@ def get(name: str) -> Accelerator:
 
 
 def match_device_name(device_name: str) -> Accelerator | None:
-    """Map a CUDA device name to its spec, or None for a device this table does not know."""
-    for fragment, key in _DEVICE_NAME_KEYS:
-        if fragment.lower() in device_name.lower():
-            return ACCELERATORS[key]
-    return None
+    """The spec of a CUDA device by its exact name (`CUDA_DEVICE_NAMES`), or None for a device
+    the table does not hold; `match_report` says which, and why."""
+    if not isinstance(device_name, str):
+        raise TypeError(f"device_name must be a string such as 'NVIDIA H100 80GB HBM3', "
+                        f"got {device_name!r}")
+    key = CUDA_DEVICE_NAMES.get(device_name.strip())
+    return None if key is None else ACCELERATORS[key]
+
+
+def match_report(device_name: str) -> str:
+    """One sentence: which spec `match_device_name` uses for `device_name`, or why it uses none."""
+    acc = match_device_name(device_name)
+    name = device_name.strip()
+    if acc is not None:
+        return f"{name} is the {acc.name} of mlsys.hardware; its spec is used"
+    reason = next((why for part, why in _OTHER_PARTS if part in name.upper()), None)
+    if reason is None:
+        reason = f"the table holds only {', '.join(CUDA_DEVICE_NAMES)}"
+    return f"{name} is not in the table: {reason}; no spec is used"
 
 
 def detect() -> Accelerator | None:
-    """The spec of the running CUDA device, or None (CPU, MPS, or a GPU not in the table)."""
+    """The spec of the running CUDA device, or None (CPU, MPS, or a GPU not in the table:
+    `match_report(torch.cuda.get_device_name())` says why)."""
     import torch
 
     if not torch.cuda.is_available():

@@ -21,11 +21,14 @@ COLORS = {
     "muted": "#999999",
 }
 CYCLE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"]
+MARKERS = ["o", "s", "D", "^", "v", "<", ">", "P", "X", "*", "h", "p"]
+"""Marker shapes for many points on one axes (colour and shape together tell them apart)."""
 
 DPI = 110
 
 
-def subplots(nrows: int = 1, ncols: int = 1, *, width: float = 6.4, height: float = 3.8, **kwargs: Any):
+def subplots(nrows: int = 1, ncols: int = 1, *, width: float = 6.4, height: float = 3.8,
+             **kwargs: Any):
     """`plt.subplots` in the house style; returns (figure, axes). Sizes are inches per whole figure.
 
     The style is applied to the new axes directly (no `rc_context`: leaving one resets pyplot's
@@ -33,7 +36,8 @@ def subplots(nrows: int = 1, ncols: int = 1, *, width: float = 6.4, height: floa
     """
     if nrows < 1 or ncols < 1:
         raise ValueError(f"nrows ({nrows}) and ncols ({ncols}) must be at least 1")
-    fig, axes = plt.subplots(nrows, ncols, figsize=(width, height), dpi=DPI, layout="constrained", **kwargs)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width, height), dpi=DPI, layout="constrained",
+                             **kwargs)
     for ax in fig.axes:
         ax.set_prop_cycle(color=CYCLE)
         ax.grid(True, alpha=0.3, which="major")
@@ -67,8 +71,10 @@ def finish(
         ax.legend(frameon=False, fontsize=9)
 
 
-def stacked_bars(ax, labels: Sequence[str], parts: dict[str, Sequence[float]], *, ylabel: str = "") -> None:
-    """Stacked bar chart: one bar per label, one segment per entry of `parts` (same length as labels)."""
+def stacked_bars(ax, labels: Sequence[str], parts: dict[str, Sequence[float]], *,
+                 ylabel: str = "") -> None:
+    """Stacked bar chart: one bar per label, one segment per entry of `parts` (same length as
+    labels)."""
     bottoms = [0.0] * len(labels)
     for color, (part, values) in zip(CYCLE, parts.items(), strict=False):
         if len(values) != len(labels):
@@ -80,8 +86,8 @@ def stacked_bars(ax, labels: Sequence[str], parts: dict[str, Sequence[float]], *
 
 
 def roofline(ax, ceilings, *, lo: int, hi: int, **line_kwargs: Any) -> None:
-    """Draw the roof min(peak, intensity x bandwidth) of `ceilings` (an `mlsys.roofline.Ceilings`) from
-    intensity 2**lo to 2**hi FLOP/byte, through its ridge point, on log-log axes."""
+    """Draw the roof min(peak, intensity x bandwidth) of `ceilings` (an `mlsys.roofline.Ceilings`)
+    from intensity 2**lo to 2**hi FLOP/byte, through its ridge point, on log-log axes."""
     if lo >= hi:
         raise ValueError(f"lo ({lo}) must be below hi ({hi})")
     xs = {2.0**e for e in range(lo, hi + 1)}

@@ -1,12 +1,14 @@
-"""Floating-point formats: bit layouts, spacing (ulp), rounding, and where running sums stop growing.
+"""Floating-point formats: bit layouts, spacing (ulp), rounding, where running sums stop growing.
 
-A format with `e` exponent bits and `m` stored mantissa bits holds numbers `(1 + M/2^m) * 2^(E - bias)`.
-Every property (max, smallest normal and subnormal, eps) follows from (e, m) and one convention: IEEE 754
-formats keep the all-ones exponent for inf/NaN; "fn" formats (fp8 e4m3) have no inf, only the all-ones
-pattern is NaN, and overflow saturates. `round_to` rounds exactly (rationals, ties to even), with no torch.
+A format with `e` exponent bits and `m` stored mantissa bits holds numbers
+`(1 + M/2^m) * 2^(E - bias)`. Every property (max, smallest normal and subnormal, eps) follows from
+(e, m) and one convention: IEEE 754 formats keep the all-ones exponent for inf/NaN; "fn" formats
+(fp8 e4m3) have no inf, only exponent and mantissa all ones (S.1111.111, two encodings: one per
+sign) are NaN, and overflow saturates. `round_to` rounds
+exactly (rationals, ties to even), with no torch.
 
-`stochastic_round` rounds up or down at random, unbiased. Running sums, which these rules decide, are
-in `mlsys.summation`. References: IEEE 754-2019; Higham, "Accuracy and Stability of Numerical
+`stochastic_round` rounds up or down at random, unbiased. Running sums, which these rules decide,
+are in `mlsys.summation`. References: IEEE 754-2019; Higham, "Accuracy and Stability of Numerical
 Algorithms" (2002), ch. 2; Micikevicius et al. (2022) for fp8.
 Used in: §sec-precision.
 """
@@ -14,6 +16,7 @@ Used in: §sec-precision.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -21,6 +24,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from mlsys import checks
 from mlsys.dtypes import DTYPES, torch_dtype
 from mlsys.dtypes import canonical as canonical_dtype
 
@@ -32,12 +36,14 @@ class FloatFormat:
     name: str  # the book's short name, e.g. "bf16"
     exponent_bits: int
     mantissa_bits: int  # stored fraction bits; the significand has mantissa_bits + 1 bits
-    finite_only: bool = False  # "fn": no infinities, all-ones pattern = NaN, overflow saturates to max
+    finite_only: bool = False  # "fn": no inf; S.1111.111 (either sign) is NaN; overflow saturates
 
     def __post_init__(self) -> None:
-        if self.exponent_bits < 2 or self.mantissa_bits < 1:
-            raise ValueError(f"exponent_bits ({self.exponent_bits}) must be >= 2 and mantissa_bits "
-                             f"({self.mantissa_bits}) >= 1")
+        if not isinstance(self.name, str) or not self.name:
+            raise TypeError(f"a FloatFormat's name must be a non-empty string, got {self.name!r}")
+        checks.integer(self.exponent_bits, "exponent_bits", minimum=2)
+        checks.positive_int(self.mantissa_bits, "mantissa_bits")
+        checks.choice(self.finite_only, "finite_only", (True, False))
 
     @property
     def bits(self) -> int:
@@ -59,8 +65,9 @@ class FloatFormat:
 
     @property
     def max(self) -> float:
-        # IEEE: mantissa all ones; fn: all ones is NaN, so one step less.
-        top = 2 - 2.0 ** (1 - self.mantissa_bits) if self.finite_only else 2 - 2.0**-self.mantissa_bits
+        # IEEE: mantissa all ones; fn: exponent and mantissa all ones is NaN, so one step less.
+        m = self.mantissa_bits
+        top = 2 - 2.0 ** (1 - m) if self.finite_only else 2 - 2.0**-m
         return math.ldexp(top, self.emax)
 
     @property
@@ -105,31 +112,55 @@ FORMATS: dict[str, FloatFormat] = {
 }
 
 
-def get_format(fmt: str | torch.dtype | FloatFormat) -> FloatFormat:
-    """Look up a format by short name ("bf16"), torch name ("bfloat16") or torch dtype."""
+def get_format(fmt: str | torch.dtype | FloatFormat, *, name: str = "fmt") -> FloatFormat:
+    """Look up a format by short name ("bf16"), torch name ("bfloat16") or torch dtype; errors
+    name the argument `name`."""
     if isinstance(fmt, FloatFormat):
         return fmt
     try:
-        return FORMATS[canonical_dtype(fmt)]
-    except (ValueError, KeyError):
-        raise ValueError(f"fmt={fmt!r} is not a floating-point format; known: {', '.join(FORMATS)}") from None
+        short = canonical_dtype(fmt)
+    except TypeError:
+        raise TypeError(f"{name} must be a format name such as 'bf16', a torch.dtype or a "
+                        f"FloatFormat, got {fmt!r}") from None
+    except ValueError:
+        short = None
+    if short not in FORMATS:
+        known = ", ".join(FORMATS)
+        raise ValueError(f"{name}={fmt!r} is not a floating-point format; known: {known}")
+    return FORMATS[short]
 
 
 def format_table() -> list[dict[str, object]]:
-    """One row per format: field widths and the derived range and precision (floats, Python ints)."""
+    """One row per format: field widths and the derived range and precision (floats and ints)."""
     return [
-        {"format": f.name, "bits": f.bits, "exponent_bits": f.exponent_bits, "mantissa_bits": f.mantissa_bits,
-         "bias": f.bias, "max": f.max, "smallest_normal": f.smallest_normal,
-         "smallest_subnormal": f.smallest_subnormal, "eps": f.eps, "infinities": not f.finite_only,
-         "torch_dtype": f.torch_dtype or "-"}
+        {"format": f.name, "bits": f.bits, "exponent_bits": f.exponent_bits,
+         "mantissa_bits": f.mantissa_bits, "bias": f.bias, "max": f.max,
+         "smallest_normal": f.smallest_normal, "smallest_subnormal": f.smallest_subnormal,
+         "eps": f.eps, "infinities": not f.finite_only, "torch_dtype": f.torch_dtype or "-"}
         for f in FORMATS.values()
     ]
 
 
 # ---------------------------------------------------------------- exact rounding
 
+def _fraction(q: object, name: str) -> Fraction:
+    """`q` (a Fraction or an int; convert a float with Fraction(x) first) as a Fraction."""
+    if isinstance(q, bool) or not isinstance(q, numbers.Rational):
+        raise TypeError(f"{name} must be a Fraction or an int, got {q!r} ({type(q).__name__})")
+    return Fraction(q)
+
+
+def _format(f: object) -> FloatFormat:
+    if not isinstance(f, FloatFormat):
+        raise TypeError(f"f must be a FloatFormat (see get_format), got {f!r}")
+    return f
+
+
 def floor_log2(q: Fraction) -> int:
     """floor(log2(q)) for a rational q > 0, exactly."""
+    q = _fraction(q, "q")
+    if q <= 0:
+        raise ValueError(f"q must be > 0, got {q}")
     e = q.numerator.bit_length() - q.denominator.bit_length()
     below = q.numerator < (q.denominator << e) if e >= 0 else (q.numerator << -e) < q.denominator
     return e - 1 if below else e
@@ -137,12 +168,16 @@ def floor_log2(q: Fraction) -> int:
 
 def ulp_exponent(magnitude: Fraction, f: FloatFormat) -> int:
     """log2 of the spacing of `f` at `magnitude` (>= 0); constant below the smallest normal."""
+    magnitude, f = _fraction(magnitude, "magnitude"), _format(f)
+    if magnitude < 0:
+        raise ValueError(f"magnitude must be >= 0, got {magnitude}")
     e = floor_log2(magnitude) if magnitude > 0 else f.emin
     return max(e, f.emin) - f.mantissa_bits
 
 
 def round_exact(x: Fraction, f: FloatFormat) -> Fraction | float:
-    """Round a rational to `f`, ties to even; overflow gives +-inf (IEEE) or +-max (fn, saturating)."""
+    """Round a rational to `f`, ties to even; overflow gives +-inf (IEEE) or +-max (fn formats)."""
+    x, f = _fraction(x, "x"), _format(f)
     mag = abs(x)
     if mag == 0:
         return x
@@ -161,6 +196,8 @@ def round_to(x: float, fmt: str | torch.dtype | FloatFormat) -> float:
     """`x` rounded to nearest in `fmt` (ties to even), computed exactly; inf/NaN pass through
     (fn formats saturate inf to max, as torch's cast does)."""
     f = get_format(fmt)
+    if isinstance(x, bool) or not isinstance(x, numbers.Real):
+        raise TypeError(f"x must be a real number, got {x!r} ({type(x).__name__})")
     x = float(x)
     if math.isnan(x):
         return math.nan
@@ -173,14 +210,15 @@ def round_to(x: float, fmt: str | torch.dtype | FloatFormat) -> float:
 def ulp(x: float, fmt: str | torch.dtype | FloatFormat) -> float:
     """Spacing of `fmt` at magnitude |x|: 2^(max(floor(log2|x|), emin) - m)."""
     f = get_format(fmt)
-    if not math.isfinite(x) or abs(x) > f.max:
+    x = checks.number(x, "x")
+    if abs(x) > f.max:
         raise ValueError(f"x={x!r} is outside {f.name}'s finite range (max {f.max:g})")
     return math.ldexp(1.0, ulp_exponent(abs(Fraction(x)), f))
 
 
 @dataclass(frozen=True)
 class Bits:
-    """The fields of one stored number: sign, exponent field E and mantissa field M as bit strings."""
+    """The fields of one stored number: sign, exponent field E, mantissa field M (bit strings)."""
 
     format: str
     sign: int
@@ -200,7 +238,8 @@ class Bits:
         return None if self.kind in ("inf", "nan") else max(int(self.exponent, 2), 1) - f.bias
 
     def reconstruct(self) -> float:
-        """The value read back from the fields: (-1)^S * 2^(E-bias) * (1.M), or 2^emin * (0.M) subnormal."""
+        """The value read back from the fields: (-1)^S * 2^(E-bias) * (1.M), or 2^emin * (0.M)
+        for a subnormal."""
         if self.kind == "nan":
             return math.nan
         if self.kind == "inf":
@@ -217,7 +256,7 @@ def decompose(x: float, fmt: str | torch.dtype | FloatFormat) -> Bits:
     e_bits, m_bits = f.exponent_bits, f.mantissa_bits
     value = round_to(x, f)
     sign = 1 if math.copysign(1.0, value) < 0 and not math.isnan(value) else 0
-    if math.isnan(value):  # quiet NaN (IEEE) / the single NaN pattern (fn)
+    if math.isnan(value):  # quiet NaN (IEEE) / S.1111.111 with S = 0 (fn; S = 1 is NaN too)
         mantissa = "1" * m_bits if f.finite_only else "1" + "0" * (m_bits - 1)
         return Bits(f.name, 0, "1" * e_bits, mantissa, "nan", value)
     if math.isinf(value):
@@ -230,23 +269,32 @@ def decompose(x: float, fmt: str | torch.dtype | FloatFormat) -> Bits:
         e = floor_log2(mag)
         field_e, field_m = e + f.bias, int((mag / Fraction(2) ** e - 1) * 2**m_bits)
         kind = "normal"
-    return Bits(f.name, sign, format(field_e, f"0{e_bits}b"), format(field_m, f"0{m_bits}b"), kind, value)
+    exponent, mantissa = format(field_e, f"0{e_bits}b"), format(field_m, f"0{m_bits}b")
+    return Bits(f.name, sign, exponent, mantissa, kind, value)
 
 
-def stochastic_round(x: Float[Tensor, "*batch"], fmt: str | torch.dtype | FloatFormat, *,
-                     generator: torch.Generator) -> Float[Tensor, "*batch"]:
+def stochastic_round(
+    x: Float[Tensor, "*batch"], fmt: str | torch.dtype | FloatFormat, *, generator: torch.Generator
+) -> Float[Tensor, "*batch"]:
     """Round each element down or up to a neighbour in `fmt` with probability proportional to
-    closeness, so E[result] = x. Returns float64 values that `fmt` holds exactly."""
+    closeness, so E[result] = x. Returns float64 values that `fmt` holds exactly, on x's device.
+
+    The uniform draws come from `generator` on its own device (a CPU generator works for any x:
+    the draws are moved to x's device), so a seed gives the same result on every device.
+    """
     f = get_format(fmt)
-    if not torch.is_floating_point(x):
-        raise TypeError(f"x must be a floating-point tensor, got {x.dtype}")
+    if not isinstance(x, Tensor) or not torch.is_floating_point(x):
+        what = x.dtype if isinstance(x, Tensor) else type(x).__name__
+        raise TypeError(f"x must be a floating-point tensor, got {what}")
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
     x64 = x.to(torch.float64)
     mag = x64.abs()
     _, e = torch.frexp(mag)  # mag = mant * 2^e with mant in [0.5, 1): floor(log2 mag) = e - 1
     u = torch.ldexp(torch.ones_like(mag), torch.clamp(e - 1, min=f.emin) - f.mantissa_bits)
     down = torch.floor(mag / u) * u
     up_probability = (mag - down) / u
-    draw = torch.rand(mag.shape, generator=generator, dtype=torch.float64)
-    out = down + u * (draw < up_probability)
+    draw = torch.rand(mag.shape, generator=generator, dtype=torch.float64, device=generator.device)
+    out = down + u * (draw.to(mag.device) < up_probability)
     out = torch.where(out > f.max, f.max if f.finite_only else math.inf, out)
     return torch.where(torch.isfinite(x64), torch.copysign(out, x64), x64)

@@ -49,7 +49,8 @@ def copy_probe(n_bytes: int, *, device: str | None = None) -> Probe:
     device = device or env.device()
     src = torch.ones(n_bytes // 4, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
-    return Probe(f"copy {n_bytes / 2**20:,.0f} MiB", lambda: dst.copy_(src), 2.0 * src.nbytes, "bytes")
+    name = f"copy {n_bytes / 2**20:,.0f} MiB"
+    return Probe(name, lambda: dst.copy_(src), 2.0 * src.nbytes, "bytes")
 
 
 def matmul_probe(n: int, *, dtype: str = "fp32", device: str | None = None, seed: int = 0) -> Probe:
@@ -64,7 +65,8 @@ def matmul_probe(n: int, *, dtype: str = "fp32", device: str | None = None, seed
     return Probe(f"matmul {n}", lambda: a @ b, 2.0 * n**3, "flop")
 
 
-def op_overhead_probe(n_elements: int, *, ops_per_call: int = 20, device: str | None = None) -> Probe:
+def op_overhead_probe(n_elements: int, *, ops_per_call: int = 20,
+                      device: str | None = None) -> Probe:
     """`ops_per_call` in-place `t.mul_(1.0)` on `n_elements` fp32 values; work = ops per call."""
     import torch
 
@@ -89,7 +91,8 @@ def measure_matmul_flop_per_s(
     sizes: Sequence[int], *, dtype: str = "fp32", device: str | None = None, repeats: int = 5
 ) -> dict[int, float]:
     """FLOP/s of square N x N matmuls for each N in `sizes`; the best is the compute roof."""
-    probes = {n: matmul_probe(n, dtype=dtype, device=device) for n in checks.int_sequence(sizes, "sizes", minimum=1)}
+    probes = {n: matmul_probe(n, dtype=dtype, device=device)
+              for n in checks.int_sequence(sizes, "sizes", minimum=1)}
     return {
         n: p.rate(bench.benchmark(p.fn, warmup=2, repeats=repeats, device=device).median_s)
         for n, p in probes.items()
@@ -97,10 +100,11 @@ def measure_matmul_flop_per_s(
 
 
 def measure_op_time_s(
-    n_elements: int, *, ops_per_sample: int = 20, device: str | None = None, warmup: int = 2, repeats: int = 10
+    n_elements: int, *, ops_per_sample: int = 20, device: str | None = None, warmup: int = 2,
+    repeats: int = 10
 ) -> float:
-    """Median seconds per in-place `t.mul_(1.0)` on `n_elements` fp32 values (the per-op overhead for
-    tiny tensors)."""
+    """Median seconds per in-place `t.mul_(1.0)` on `n_elements` fp32 values (the per-op overhead
+    for tiny tensors)."""
     probe = op_overhead_probe(n_elements, ops_per_call=ops_per_sample, device=device)
     timing = bench.benchmark(probe.fn, warmup=warmup, repeats=repeats, device=device)
     return timing.median_s / ops_per_sample
@@ -113,4 +117,5 @@ def measure_ceilings(
     bandwidth. (Chapters interleave the probes with their operations instead.)"""
     flop_per_s = max(measure_matmul_flop_per_s(matmul_sizes, dtype=dtype, device=device).values())
     bytes_per_s = measure_copy_bandwidth(copy_bytes, device=device)
-    return Ceilings(flop_per_s, bytes_per_s, f"measured on {env.device_name()} ({canonical(dtype)})")
+    label = f"measured on {env.device_name()} ({canonical(dtype)})"
+    return Ceilings(flop_per_s, bytes_per_s, label)

@@ -1,4 +1,4 @@
-"""Recorded measurements under `results/<device-slug>/<experiment>.json` (schema in results/README.md).
+"""Recorded measurements, `results/<device-slug>/<experiment>.json` (schema: results/README.md).
 
 Only benchmark entry points call `write_record`, on real hardware; chapters call `load_records` to
 plot a recorded GPU run beside the reader's own measurement. Used in: measuring chapters.
@@ -22,14 +22,25 @@ REQUIRED_PROVENANCE = (
     "git_commit",
     "command",
 )
+EXPERIMENT_NAME = re.compile(r"[a-z0-9_]+")
+"""An experiment's name, also its file's stem: lower-case letters, digits and underscores."""
 
 
 def device_slug(device_name: str) -> str:
     """File-system name for a device: "NVIDIA H100 80GB HBM3" -> "nvidia-h100-80gb-hbm3"."""
+    if not isinstance(device_name, str):
+        raise TypeError(f"device_name must be a string, got {device_name!r}")
     slug = re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-")
     if not slug:
         raise ValueError(f"device_name={device_name!r} has no letters or digits")
     return slug
+
+
+def _experiment_name(experiment: object) -> str:
+    if not isinstance(experiment, str) or not EXPERIMENT_NAME.fullmatch(experiment):
+        raise ValueError(f"experiment={experiment!r} must be lower-case letters, digits and "
+                         "underscores")
+    return experiment
 
 
 def validate_record(record: dict[str, Any], *, experiment: str | None = None) -> None:
@@ -39,23 +50,33 @@ def validate_record(record: dict[str, Any], *, experiment: str | None = None) ->
     for key in ("experiment", "provenance", "results"):
         if key not in record:
             raise ValueError(f"record lacks the key {key!r}")
-    if experiment is not None and record["experiment"] != experiment:
-        raise ValueError(f"record says experiment={record['experiment']!r} but its file is {experiment!r}")
+    _experiment_name(record["experiment"])
+    if experiment is not None and record["experiment"] != _experiment_name(experiment):
+        raise ValueError(f"record says experiment={record['experiment']!r} but its file is "
+                         f"{experiment!r}")
     provenance = record["provenance"]
-    missing = [k for k in REQUIRED_PROVENANCE if not provenance.get(k)]
+    if not isinstance(provenance, dict):
+        raise ValueError(f"provenance must be a JSON object, got {type(provenance).__name__}")
+    missing = [k for k in REQUIRED_PROVENANCE if k not in provenance or provenance[k] == ""]
     if missing:
         raise ValueError(f"provenance lacks {', '.join(missing)}")
+    for key in REQUIRED_PROVENANCE:
+        if not isinstance(provenance[key], str):
+            raise ValueError(f"provenance[{key!r}] must be a string, got {provenance[key]!r} "
+                             f"({type(provenance[key]).__name__})")
     if not isinstance(record["results"], list) or not record["results"]:
         raise ValueError("results must be a non-empty list of measurement records")
     if not all(isinstance(r, dict) for r in record["results"]):
         raise ValueError("every entry of results must be an object")
 
 
-def write_record(experiment: str, results: list[dict[str, Any]], provenance: dict[str, Any]) -> Path:
-    """Write `results/<device-slug>/<experiment>.json`; for benchmark entry points on real hardware."""
-    if not re.fullmatch(r"[a-z0-9_]+", experiment):
-        raise ValueError(f"experiment={experiment!r} must be lower-case letters, digits and underscores")
-    record = {"experiment": experiment, "provenance": provenance, "results": results}
+def write_record(
+    experiment: str, results: list[dict[str, Any]], provenance: dict[str, Any]
+) -> Path:
+    """Write `results/<device-slug>/<experiment>.json`; for benchmark entry points on real
+    hardware. The record is validated first: nothing is written for an invalid one."""
+    record = {"experiment": _experiment_name(experiment), "provenance": provenance,
+              "results": results}
     validate_record(record)
     path = RESULTS_DIR / device_slug(provenance["device"]) / f"{experiment}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -66,7 +87,7 @@ def write_record(experiment: str, results: list[dict[str, Any]], provenance: dic
 def load_records(experiment: str) -> list[dict[str, Any]]:
     """Every recorded run of `experiment`, one per device folder, validated; [] if none."""
     records = []
-    for path in sorted(RESULTS_DIR.glob(f"*/{experiment}.json")):
+    for path in sorted(RESULTS_DIR.glob(f"*/{_experiment_name(experiment)}.json")):
         record = json.loads(path.read_text())
         validate_record(record, experiment=experiment)
         records.append(record)

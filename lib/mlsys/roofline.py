@@ -115,8 +115,8 @@ def roof_problems(
         predicted = estimate(flops, n_bytes, ceilings)
         if checks.positive(seconds, f"seconds of {name}") * tolerance < predicted.time_s:
             problems.append(
-                f"{name} ran {predicted.time_s / seconds:.2f}x faster than the {predicted.bound} roof "
-                f"allows (tolerance {tolerance:g}x)"
+                f"{name} ran {predicted.time_s / seconds:.2f}x faster than the {predicted.bound} "
+                f"roof allows (tolerance {tolerance:g}x)"
             )
     return problems
 

@@ -2,19 +2,36 @@
 
 Each function counts the *minimum* traffic of one kernel that reads every input once and writes
 every output once (the ideal a fused, well-tiled kernel approaches), unless its name says
-otherwise (`naive_*`, `*_with_rereads`). Arithmetic intensity = FLOPs / bytes; the FLOP counts come
-from `mlsys.accounting.flops` where they exist, or are stated here per element.
+otherwise (`naive_*`, `eager_*`). Arithmetic intensity = FLOPs / bytes; the FLOP counts come from
+`mlsys.accounting.flops`. `op_costs` puts the book's operations side by side (chapter 04 and the
+one-pager "Byte movement and intensity").
 
-Pure functions: ints and dtype names in, ints or floats out. Used in: §sec-bytes, book page
-"Byte-movement formulas".
+Pure functions: ints and dtype names in, ints, floats or small dataclasses out. Used in:
+§sec-bytes, book page "Byte-movement formulas".
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mlsys.checks import positive_ints
+from mlsys import checks
+from mlsys.accounting.flops import (
+    LAYERNORM_OPS_PER_ELEMENT,
+    RMSNORM_OPS_PER_ELEMENT,
+    SOFTMAX_OPS_PER_ELEMENT,
+    layernorm_flops,
+    linear_backward_flops,
+    linear_flops,
+    matmul_flops,
+    rmsnorm_flops,
+    scaled_dot_product_flops,
+    softmax_flops,
+)
 from mlsys.dtypes import bytes_per_element
+
+STATS_BYTES = 4
+"""Bytes of one per-row statistic a norm saves for its backward (fp32: rstd, and the mean too for
+LayerNorm), whatever the dtype of x."""
 
 
 @dataclass(frozen=True)
@@ -23,6 +40,10 @@ class Traffic:
 
     read_bytes: int
     write_bytes: int
+
+    def __post_init__(self) -> None:
+        checks.nonnegative_int(self.read_bytes, "read_bytes")
+        checks.nonnegative_int(self.write_bytes, "write_bytes")
 
     @property
     def total_bytes(self) -> int:
@@ -33,76 +54,142 @@ class Traffic:
 
 
 def intensity(flops: float, traffic: Traffic | int) -> float:
-    """Arithmetic intensity in FLOP per byte of memory traffic."""
+    """Arithmetic intensity in FLOP per byte of memory traffic (`traffic`: a Traffic or bytes)."""
+    work = checks.nonnegative(flops, "flops")
     n_bytes = traffic.total_bytes if isinstance(traffic, Traffic) else traffic
-    if n_bytes <= 0:
-        raise ValueError(f"bytes moved must be positive, got {n_bytes}")
-    return flops / n_bytes
+    return work / checks.positive(n_bytes, "bytes moved")
 
 
-# --- matrix multiplication -------------------------------------------------------------------------
+def _elements(read: int, write: int, dtype: object) -> Traffic:
+    """Traffic of `read` and `write` elements of `dtype`."""
+    b = bytes_per_element(dtype)
+    return Traffic(read_bytes=read * b, write_bytes=write * b)
+
+
+# --- matrix multiplication ------------------------------------------------------------------------
 
 
 def matmul_traffic(m: int, n: int, k: int, dtype: object = "bf16") -> Traffic:
     """C[m, n] = A[m, k] @ B[k, n]: read A and B once, write C once (all in `dtype`)."""
-    positive_ints(m=m, n=n, k=k)
-    b = bytes_per_element(dtype)
-    return Traffic(read_bytes=(m * k + k * n) * b, write_bytes=m * n * b)
+    checks.positive_ints(m=m, n=n, k=k)
+    return _elements(m * k + k * n, m * n, dtype)
 
 
 def matmul_intensity(m: int, n: int, k: int, dtype: object = "bf16") -> float:
-    """2mnk FLOPs over the minimum traffic; for a square N-matmul this is 2N / (3 * bytes_per_element)."""
-    return intensity(2 * m * n * k, matmul_traffic(m, n, k, dtype))
+    """2mnk FLOPs over the minimum traffic; a square N-matmul gives 2N / (3 * bytes_per_element)."""
+    return intensity(matmul_flops(m, n, k), matmul_traffic(m, n, k, dtype))
 
 
-def batched_matmul_traffic(batch: int, m: int, n: int, k: int, dtype: object = "bf16", *, shared_b: bool) -> Traffic:
-    """C[batch, m, n] = A[batch, m, k] @ B: B is [k, n] shared by the batch, or [batch, k, n] when not shared.
+def batched_matmul_traffic(
+    batch: int, m: int, n: int, k: int, dtype: object = "bf16", *, shared_b: bool
+) -> Traffic:
+    """C[batch, m, n] = A[batch, m, k] @ B, with B [k, n] shared by the batch or [batch, k, n].
 
     A shared operand is read once for the whole batch: that is why stacking a batch into one
     matmul (a linear layer over batch*seq tokens) raises intensity, and per-sample weights do not.
     """
-    positive_ints(batch=batch, m=m, n=n, k=k)
-    b = bytes_per_element(dtype)
+    checks.positive_ints(batch=batch, m=m, n=n, k=k)
+    checks.choice(shared_b, "shared_b", (True, False))
     b_elements = k * n if shared_b else batch * k * n
-    return Traffic(read_bytes=(batch * m * k + b_elements) * b, write_bytes=batch * m * n * b)
+    return _elements(batch * m * k + b_elements, batch * m * n, dtype)
 
 
-# --- elementwise and row-wise operations -----------------------------------------------------------
+# --- elementwise and row-wise operations ----------------------------------------------------------
 
 
-def elementwise_traffic(n_elements: int, dtype: object = "fp32", *, n_inputs: int = 1, n_outputs: int = 1) -> Traffic:
+def elementwise_traffic(
+    n_elements: int, dtype: object = "fp32", *, n_inputs: int = 1, n_outputs: int = 1
+) -> Traffic:
     """An elementwise op on `n_elements`: each input read once, each output written once."""
-    positive_ints(n_elements=n_elements, n_inputs=n_inputs, n_outputs=n_outputs)
-    b = bytes_per_element(dtype)
-    return Traffic(read_bytes=n_inputs * n_elements * b, write_bytes=n_outputs * n_elements * b)
+    checks.positive_ints(n_elements=n_elements, n_inputs=n_inputs, n_outputs=n_outputs)
+    return _elements(n_inputs * n_elements, n_outputs * n_elements, dtype)
 
 
-def elementwise_intensity(flops_per_element: float, dtype: object = "fp32", *, n_inputs: int = 1) -> float:
-    """FLOP per *byte* of an elementwise op: flops_per_element / ((n_inputs + 1) * bytes_per_element).
+def elementwise_intensity(
+    flops_per_element: float, dtype: object = "fp32", *, n_inputs: int = 1
+) -> float:
+    """FLOP per *byte* of an elementwise op: flops_per_element / ((n_inputs + 1) * b), b = bytes
+    per element.
 
     Not "1 FLOP/byte": a unary fp32 op doing one FLOP per element moves 8 bytes per element, so
     its intensity is 1/8; a binary fp32 add is 1/12.
     """
-    if flops_per_element < 0:
-        raise ValueError(f"flops_per_element must be >= 0, got {flops_per_element}")
-    per_element = elementwise_traffic(1, dtype, n_inputs=n_inputs)
-    return flops_per_element / per_element.total_bytes
+    work = checks.nonnegative(flops_per_element, "flops_per_element")
+    return intensity(work, elementwise_traffic(1, dtype, n_inputs=n_inputs))
+
+
+def fused_chain_traffic(n_elements: int, dtype: object) -> Traffic:
+    """A chain of unary ops fused in one kernel (`mlsys.kernels.elementwise`): read the n elements
+    once and write them once, whatever the chain's length."""
+    n = checks.nonnegative_int(n_elements, "n_elements")
+    return _elements(n, n, dtype)
+
+
+def eager_chain_traffic(n_elements: int, dtype: object, k: int) -> Traffic:
+    """The same chain as k eager ops: each reads the n elements and writes n (k = 0: nothing)."""
+    steps = checks.nonnegative_int(k, "k")
+    one = fused_chain_traffic(n_elements, dtype)
+    return Traffic(steps * one.read_bytes, steps * one.write_bytes)
 
 
 def softmax_traffic(rows: int, cols: int, dtype: object = "fp32") -> Traffic:
     """Fused row-wise softmax: read the [rows, cols] input once, write the output once."""
-    return elementwise_traffic(rows * cols, dtype)
+    checks.positive_ints(rows=rows, cols=cols)
+    return _elements(rows * cols, rows * cols, dtype)
 
 
-def norm_traffic(rows: int, cols: int, dtype: object = "fp32", *, has_bias: bool = False) -> Traffic:
-    """Fused RMSNorm (or LayerNorm with `has_bias`) forward: read x and the weight (and bias), write y."""
-    positive_ints(rows=rows, cols=cols)
-    b = bytes_per_element(dtype)
-    params = cols * (2 if has_bias else 1)
-    return Traffic(read_bytes=(rows * cols + params) * b, write_bytes=rows * cols * b)
+def naive_softmax_traffic(rows: int, cols: int, dtype: object = "fp32") -> Traffic:
+    """Softmax as five eager ops (max, subtract, exp, sum, divide): reads 5MN + 2M, writes 3MN + 2M.
+
+    With M = rows, N = cols: amax reads MN, writes M; subtract reads MN + M, writes MN; exp reads
+    MN, writes MN; sum reads MN, writes M; divide reads MN + M, writes MN.
+    """
+    checks.positive_ints(rows=rows, cols=cols)
+    mn = rows * cols
+    return _elements(5 * mn + 2 * rows, 3 * mn + 2 * rows, dtype)
 
 
-# --- a linear layer, forward and backward ----------------------------------------------------------
+def softmax_backward_traffic(rows: int, cols: int, dtype: object = "fp32") -> Traffic:
+    """Fused softmax backward dx = y * (dy - <dy, y>): read y and dy, write dx."""
+    checks.positive_ints(rows=rows, cols=cols)
+    return _elements(2 * rows * cols, rows * cols, dtype)
+
+
+def norm_traffic(
+    rows: int,
+    cols: int,
+    dtype: object = "fp32",
+    *,
+    has_bias: bool = False,
+    save_stats: bool = False,
+) -> Traffic:
+    """Fused RMSNorm (LayerNorm with `has_bias`) forward: read x and the weight (and bias), write y.
+
+    With `save_stats`, also write the fp32 per-row statistics the backward reads (STATS_BYTES
+    each): rstd for RMSNorm, as `mlsys.kernels.rmsnorm` does; mean and rstd for LayerNorm.
+    """
+    checks.positive_ints(rows=rows, cols=cols)
+    checks.choice(has_bias, "has_bias", (True, False))
+    checks.choice(save_stats, "save_stats", (True, False))
+    params = 2 if has_bias else 1
+    stats = rows * params * STATS_BYTES if save_stats else 0
+    traffic = _elements(rows * cols + params * cols, rows * cols, dtype)
+    return traffic + Traffic(0, stats)
+
+
+def rmsnorm_backward_traffic(rows: int, cols: int, dtype: object = "fp32") -> Traffic:
+    """Fused RMSNorm backward, as `mlsys.kernels.rmsnorm` runs it: read x, dy, the weight and the
+    saved fp32 rstd; write dx and dweight.
+
+    Excludes the kernel's fp32 partial sums of dweight (P x N written and read, P = programs),
+    under 1% of the total when rows >> P.
+    """
+    checks.positive_ints(rows=rows, cols=cols)
+    traffic = _elements(2 * rows * cols + cols, rows * cols + cols, dtype)
+    return traffic + Traffic(rows * STATS_BYTES, 0)
+
+
+# --- a linear layer, forward and backward ---------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -132,7 +219,8 @@ def linear_traffic(
     once (grad_weight): 3 * d_in * d_out elements of weight-shaped traffic, of which only two are
     reads of W. With gradient accumulation (`dW += ...`) the old dW is read as well.
     """
-    positive_ints(tokens=tokens, d_in=d_in, d_out=d_out)
+    checks.positive_ints(tokens=tokens, d_in=d_in, d_out=d_out)
+    checks.choice(accumulate_grad, "accumulate_grad", (True, False))
     b = bytes_per_element(dtype)
     x, w, y = tokens * d_in * b, d_in * d_out * b, tokens * d_out * b
     return LinearTraffic(
@@ -142,38 +230,124 @@ def linear_traffic(
     )
 
 
-# --- attention ---------------------------------------------------------------------------------------
+# --- attention ------------------------------------------------------------------------------------
 
 
-def naive_attention_traffic(batch: int, heads: int, seq: int, d_head: int, dtype: object = "bf16") -> Traffic:
+def naive_attention_traffic(
+    batch: int, heads: int, seq: int, d_head: int, dtype: object = "bf16"
+) -> Traffic:
     """Unfused (non-causal) attention forward as three kernels: S = QK^T, P = softmax(S), O = PV.
 
     Reads Q, K (write S: seq^2), reads S (write P: seq^2), reads P and V (write O). The two
     seq x seq matrices make it 4 * seq^2 elements per head beyond Q, K, V and O.
     """
-    positive_ints(batch=batch, heads=heads, seq=seq, d_head=d_head)
-    b = bytes_per_element(dtype)
-    bh = batch * heads
-    qkvo = seq * d_head
-    scores = seq * seq
+    checks.positive_ints(batch=batch, heads=heads, seq=seq, d_head=d_head)
+    bh, qkvo, scores = batch * heads, seq * d_head, seq * seq
     read = bh * (2 * qkvo + scores + scores + qkvo)  # Q, K | S | P, V
     write = bh * (scores + scores + qkvo)  # S | P | O
-    return Traffic(read_bytes=read * b, write_bytes=write * b)
+    return _elements(read, write, dtype)
 
 
 def tiled_attention_traffic(
-    batch: int, heads: int, seq: int, d_head: int, dtype: object = "bf16", *, block_q: int | None = None
+    batch: int,
+    heads: int,
+    seq: int,
+    d_head: int,
+    dtype: object = "bf16",
+    *,
+    block_q: int | None = None,
 ) -> Traffic:
     """FlashAttention-style forward: the seq x seq scores never leave on-chip memory.
 
     With `block_q=None` the ideal: read Q, K, V once, write O once (4 * seq * d_head per head).
     With a query block size, each of the ceil(seq / block_q) query blocks streams all of K and V.
     """
-    positive_ints(batch=batch, heads=heads, seq=seq, d_head=d_head)
-    b = bytes_per_element(dtype)
-    if block_q is not None:
-        positive_ints(block_q=block_q)
-    kv_passes = 1 if block_q is None else -(-seq // block_q)
-    bh = batch * heads
-    qkvo = seq * d_head
-    return Traffic(read_bytes=bh * (qkvo + 2 * qkvo * kv_passes) * b, write_bytes=bh * qkvo * b)
+    checks.positive_ints(batch=batch, heads=heads, seq=seq, d_head=d_head)
+    kv_passes = 1 if block_q is None else -(-seq // checks.positive_int(block_q, "block_q"))
+    bh, qkvo = batch * heads, seq * d_head
+    return _elements(bh * (qkvo + 2 * qkvo * kv_passes), bh * qkvo, dtype)
+
+
+# --- the book's operations side by side -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """FLOPs and minimum traffic of one operation, with its intensity in closed form."""
+
+    name: str  # e.g. "square matmul N = 4096"
+    flops: int
+    traffic: Traffic
+    formula: str  # the intensity in LaTeX, b = bytes per element, e.g. r"2N/(3b)"
+
+    def __post_init__(self) -> None:
+        checks.nonnegative_int(self.flops, "flops")
+        if not isinstance(self.traffic, Traffic):
+            raise TypeError(f"traffic must be a Traffic, got {type(self.traffic).__name__}")
+
+    @property
+    def intensity(self) -> float:
+        """FLOP per byte."""
+        return intensity(self.flops, self.traffic)
+
+
+def op_costs(
+    dtype: object = "bf16",
+    *,
+    tokens: int = 4096,
+    d_model: int = 4096,
+    skinny_rows: int = 16,
+    small_n: int = 64,
+    batch: int = 64,
+    rows_per_item: int = 128,
+    attention: tuple[int, int, int, int] = (1, 32, 4096, 128),
+) -> list[OpCost]:
+    """The book's operations at one size: FLOPs, traffic and intensity (chapter 04, one-pager).
+
+    Matmuls are D = d_model wide; t = `tokens` rows feed the linear layer, the elementwise ops (t x
+    D elements) and the row-wise kernels; a batched matmul has B = `batch` items of m rows against
+    W; `attention` is (batch, heads, seq T, d_head), non-causal,
+    its FLOPs `flops.scaled_dot_product_flops`. Every formula is exact except the norms' (per-row
+    terms and the weight read left out: marked \\approx).
+    """
+    checks.positive_ints(tokens=tokens, d_model=d_model, skinny_rows=skinny_rows,
+                         small_n=small_n, batch=batch, rows_per_item=rows_per_item)
+    attn = checks.int_sequence(attention, "attention", minimum=1)
+    if len(attn) != 4:
+        raise ValueError(f"attention must be (batch, heads, seq, d_head), got {attention!r}")
+    T, D, N, m, n = tokens, d_model, small_n, skinny_rows, tokens * d_model
+    items, rows = batch, rows_per_item
+    batched_flops = items * matmul_flops(rows, D, D)
+    attn_flops = scaled_dot_product_flops(*attn)
+    rowwise = f"{T} rows of {D}"
+    return [
+        OpCost(f"square matmul N = {D}", matmul_flops(D, D, D),
+               matmul_traffic(D, D, D, dtype), r"2N/(3b)"),
+        OpCost(f"square matmul N = {N}", matmul_flops(N, N, N),
+               matmul_traffic(N, N, N, dtype), r"2N/(3b)"),
+        OpCost(f"skinny matmul {m} x {D} x {D}", matmul_flops(m, D, D),
+               matmul_traffic(m, D, D, dtype), r"2mD/(b(2m + D)) \approx 2m/b"),
+        OpCost(f"batched matmul, shared W ({items} x {rows} rows)", batched_flops,
+               batched_matmul_traffic(items, rows, D, D, dtype, shared_b=True),
+               r"2BmD/(b(2Bm + D))"),
+        OpCost(f"batched matmul, one W per item ({items} x {rows} rows)", batched_flops,
+               batched_matmul_traffic(items, rows, D, D, dtype, shared_b=False),
+               r"2mD/(b(2m + D))"),
+        OpCost(f"linear forward + backward ({T} x {D} x {D})",
+               linear_flops(T, D, D) + linear_backward_flops(T, D, D),
+               linear_traffic(T, D, D, dtype).total, r"2tD/(b(2t + D))"),
+        OpCost("elementwise unary (1 FLOP/element)", n, elementwise_traffic(n, dtype), r"1/(2b)"),
+        OpCost("elementwise binary add", n, elementwise_traffic(n, dtype, n_inputs=2), r"1/(3b)"),
+        OpCost(f"fused softmax ({rowwise})", softmax_flops(T, D), softmax_traffic(T, D, dtype),
+               rf"{SOFTMAX_OPS_PER_ELEMENT}/(2b)"),
+        OpCost(f"fused RMSNorm ({rowwise})", rmsnorm_flops(T, D), norm_traffic(T, D, dtype),
+               rf"\approx {RMSNORM_OPS_PER_ELEMENT}/(2b)"),
+        OpCost(f"fused LayerNorm ({rowwise})", layernorm_flops(T, D),
+               norm_traffic(T, D, dtype, has_bias=True),
+               rf"\approx {LAYERNORM_OPS_PER_ELEMENT}/(2b)"),
+        OpCost(f"naive attention (T = {attn[2]})", attn_flops,
+               naive_attention_traffic(*attn, dtype),
+               r"T(2d_\text{head} + 3)/(2b(T + d_\text{head}))"),
+        OpCost(f"tiled attention, ideal (T = {attn[2]})", attn_flops,
+               tiled_attention_traffic(*attn, dtype), r"T(2d_\text{head} + 3)/(2bd_\text{head})"),
+    ]

@@ -1,4 +1,4 @@
-"""Bytes of tensors and of training "model states" (weights, gradients, master copy, optimizer moments).
+"""Bytes of tensors and of training "model states" (weights, gradients, master copy, optimizer).
 
 Model states grow with the parameter count N alone: a training recipe fixes how many bytes each
 parameter costs, `bytes_per_param`, and the states take N * bytes_per_param. Mixed-precision AdamW
@@ -13,10 +13,10 @@ Used in: §sec-tensors-memory (chapter 02), the mixed-precision and ZeRO/FSDP ch
 from __future__ import annotations
 
 import math
-import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from mlsys import checks
 from mlsys.dtypes import bytes_per_element
 
 
@@ -32,10 +32,10 @@ class TrainingRecipe:
     optimizer_bytes: int  # optimizer state, e.g. Adam's two moments
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise TypeError(f"a recipe's name must be a non-empty string, got {self.name!r}")
         for part in ("weight_bytes", "grad_bytes", "master_bytes", "optimizer_bytes"):
-            value = getattr(self, part)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{self.name}: {part} must be a non-negative integer, got {value!r}")
+            checks.nonnegative_int(getattr(self, part), f"{part} of recipe {self.name!r}")
 
     @property
     def bytes_per_param(self) -> int:
@@ -57,49 +57,45 @@ def _recipes(*recipes: TrainingRecipe) -> dict[str, TrainingRecipe]:
 
 
 RECIPES: dict[str, TrainingRecipe] = _recipes(
-    TrainingRecipe("fp32_adamw", "fp32 weights and grads; AdamW moments m, v in fp32 (4 + 4 + 8)", 4, 4, 0, 8),
+    TrainingRecipe(
+        "fp32_adamw", "fp32 weights and grads; AdamW moments m, v in fp32 (4 + 4 + 8)",
+        4, 4, 0, 8,
+    ),
     TrainingRecipe(
         "bf16_mixed_adamw",
-        "bf16 weights and grads; fp32 master weights and AdamW moments (2 + 2 + 4 + 8, ZeRO's 2 + 2 + 12)",
+        "bf16 weights and grads; fp32 master weights and AdamW moments "
+        "(2 + 2 + 4 + 8, ZeRO's 2 + 2 + 12)",
         2, 2, 4, 8,
     ),
     TrainingRecipe(
         "bf16_mixed_adamw_fp32_grads",
-        "bf16 weights; gradients accumulated in fp32; fp32 master weights and moments (2 + 4 + 4 + 8)",
+        "bf16 weights; gradients accumulated in fp32; fp32 master weights and moments "
+        "(2 + 4 + 4 + 8)",
         2, 4, 4, 8,
     ),
     TrainingRecipe(
-        "bf16_pure_adamw", "bf16 weights, grads and AdamW moments; no master copy (2 + 2 + 4)", 2, 2, 0, 4
+        "bf16_pure_adamw", "bf16 weights, grads and AdamW moments; no master copy (2 + 2 + 4)",
+        2, 2, 0, 4,
     ),
-    TrainingRecipe("fp32_sgd_momentum", "fp32 weights, grads and one momentum buffer (4 + 4 + 4)", 4, 4, 0, 4),
+    TrainingRecipe(
+        "fp32_sgd_momentum", "fp32 weights, grads and one momentum buffer (4 + 4 + 4)",
+        4, 4, 0, 4,
+    ),
 )  # fmt: skip
 """Named training recipes: name -> TrainingRecipe."""
 
 
 def recipe(name: str | TrainingRecipe) -> TrainingRecipe:
-    """The recipe called `name` (a TrainingRecipe is returned as is); unknown names raise ValueError."""
-    return _resolve(name)
-
-
-def _resolve(name: str | TrainingRecipe) -> TrainingRecipe:
+    """The recipe called `name` (a TrainingRecipe is returned as is); ValueError if unknown."""
     if isinstance(name, TrainingRecipe):
         return name
-    if name not in RECIPES:
-        raise ValueError(f"unknown training recipe {name!r}; known: {', '.join(RECIPES)}")
-    return RECIPES[name]
+    if not isinstance(name, str):
+        raise TypeError(f"recipe must be a name such as 'bf16_mixed_adamw' or a TrainingRecipe, "
+                        f"got {name!r}")
+    return RECIPES[checks.choice(name, "recipe", RECIPES)]
 
 
-def _count(value: object, name: str, minimum: int) -> int:
-    """`value` as an int >= minimum (Python or NumPy integers; bools and floats are refused)."""
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an integer, got {value!r}")
-    try:
-        number = operator.index(value)
-    except TypeError:
-        raise TypeError(f"{name} must be an integer, got {value!r} ({type(value).__name__})") from None
-    if number < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {number}")
-    return number
+_resolve = recipe  # the functions below take an argument called `recipe`
 
 
 def tensor_bytes(shape: Sequence[int], dtype: object) -> int:
@@ -107,25 +103,25 @@ def tensor_bytes(shape: Sequence[int], dtype: object) -> int:
 
     `tensor_bytes((1024, 1024), "bf16") == 2 * 2**20`. Shape entries must be non-negative integers.
     """
-    if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence):
-        raise TypeError(f"shape must be a sequence of integers such as (1024, 1024), got {shape!r}")
-    dims = [_count(dim, f"shape[{i}]", 0) for i, dim in enumerate(shape)]
-    return math.prod(dims) * bytes_per_element(dtype)
+    return math.prod(checks.int_sequence(shape, "shape", minimum=0)) * bytes_per_element(dtype)
 
 
 def model_state_breakdown(n_params: int, recipe: str | TrainingRecipe) -> dict[str, int]:
     """Bytes of weights, grads, master copy and optimizer state for `n_params` parameters."""
-    n = _count(n_params, "n_params", 0)
+    n = checks.nonnegative_int(n_params, "n_params")
     return {kind: n * b for kind, b in _resolve(recipe).breakdown().items()}
 
 
 def model_state_bytes(n_params: int, recipe: str | TrainingRecipe) -> int:
-    """Model-state bytes for `n_params` parameters: n_params * bytes_per_param (16 N for mixed AdamW)."""
-    return _count(n_params, "n_params", 0) * _resolve(recipe).bytes_per_param
+    """Model-state bytes of `n_params` parameters: n_params * bytes_per_param (16N, mixed AdamW)."""
+    return checks.nonnegative_int(n_params, "n_params") * _resolve(recipe).bytes_per_param
 
 
-def max_trainable_params(n_devices: int, device_memory_bytes: float, recipe: str | TrainingRecipe) -> int:
-    """Largest parameter count whose model states fit: floor(n_devices * device_memory_bytes / bytes_per_param).
+def max_trainable_params(
+    n_devices: int, device_memory_bytes: float, recipe: str | TrainingRecipe
+) -> int:
+    """Largest parameter count whose model states fit:
+    floor(n_devices * device_memory_bytes / bytes_per_param).
 
     An upper bound from model states only: activations, temporary buffers, allocator fragmentation
     and the CUDA context are excluded, so the real limit is lower. It assumes the states are
@@ -133,14 +129,12 @@ def max_trainable_params(n_devices: int, device_memory_bytes: float, recipe: str
     them; with plain data parallelism every device holds all of them (use n_devices=1).
     Example: 8 GPUs of 80 GB with "fp32_adamw" (16 B/param) fit at most 40e9 parameters.
     """
-    n = _count(n_devices, "n_devices", 1)
-    if isinstance(device_memory_bytes, bool) or not isinstance(device_memory_bytes, (int, float)):
-        raise TypeError(f"device_memory_bytes must be a number of bytes, got {device_memory_bytes!r}")
-    if not (math.isfinite(device_memory_bytes) and device_memory_bytes > 0):
-        raise ValueError(f"device_memory_bytes must be positive and finite, got {device_memory_bytes!r}")
-    per_param = _resolve(recipe).bytes_per_param
-    if per_param == 0:
-        raise ValueError(f"recipe {_resolve(recipe).name!r} has 0 bytes per parameter; no limit to compute")
-    if float(device_memory_bytes).is_integer():  # exact integer arithmetic for whole byte counts
-        return n * int(device_memory_bytes) // per_param
-    return math.floor(n * device_memory_bytes / per_param)
+    n = checks.positive_int(n_devices, "n_devices")
+    memory = checks.positive(device_memory_bytes, "device_memory_bytes")
+    chosen = _resolve(recipe)
+    if chosen.bytes_per_param == 0:
+        raise ValueError(f"recipe {chosen.name!r} has 0 bytes per parameter; no limit to compute")
+    if memory.is_integer():  # exact integer arithmetic for whole byte counts (ints stay exact)
+        whole = int(device_memory_bytes) if isinstance(device_memory_bytes, int) else int(memory)
+        return n * whole // chosen.bytes_per_param
+    return math.floor(n * memory / chosen.bytes_per_param)

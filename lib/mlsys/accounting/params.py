@@ -3,7 +3,7 @@
 With V = vocab_size, d = d_model, f = d_ff, L = n_layers (no biases anywhere, untied head):
 
     embedding          V d
-    per layer          4 d^2  (attention: q, k, v, o projections, each d x d; RoPE has no parameters)
+    per layer          4 d^2  (attention: q, k, v, o projections, each d x d; RoPE has none)
                      + 3 d f  (SwiGLU feed-forward: w1, w3 are d x f, w2 is f x d)
                      + 2 d    (two RMSNorm gains)
     final norm         d
@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
+
+from mlsys import checks
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,7 @@ class ParamCounts:
 
     @property
     def total(self) -> int:
-        """Every parameter of the model (what `sum(p.numel() for p in model.parameters())` returns)."""
+        """Every parameter of the model: `sum(p.numel() for p in model.parameters())`."""
         return self.embedding + self.n_layers * self.per_layer + self.final_norm + self.lm_head
 
     @property
@@ -49,9 +51,9 @@ class ParamCounts:
         """Parameters outside the two vocabulary-sized matrices: total - embedding - lm_head.
 
         Convention: like Kaplan et al. (2020), the vocabulary matrices are left out, so the count
-        depends only on the blocks (and the final norm). Kaplan's models tie the head to the embedding;
-        ours is untied, and we leave out both. Note that the head, unlike the embedding lookup, still
-        costs FLOPs: for FLOP estimates use `matmul`.
+        depends only on the blocks (and the final norm). Kaplan's models tie the head to the
+        embedding; ours is untied, and we leave out both. Note that the head, unlike the embedding
+        lookup, still costs FLOPs: for FLOP estimates use `matmul`.
         """
         return self.total - self.embedding - self.lm_head
 
@@ -74,18 +76,18 @@ class ParamCounts:
         }
 
 
-def _size(cfg: Any, name: str) -> int:
-    if not hasattr(cfg, name):
-        raise TypeError(f"cfg needs a {name!r} attribute (e.g. a TransformerConfig), got {type(cfg).__name__}")
-    value = getattr(cfg, name)
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"cfg.{name} must be a positive integer, got {value!r}")
-    return value
+def config_sizes(cfg: Any, *names: str) -> tuple[int, ...]:
+    """The size fields `names` of a duck-typed config, each checked to be a positive int.
+
+    `config_sizes(cfg, "d_model", "d_ff")`; TypeError naming the first missing attribute.
+    """
+    checks.attributes(cfg, "cfg", names, example="e.g. a TransformerConfig")
+    return tuple(checks.positive_int(getattr(cfg, name), f"cfg.{name}") for name in names)
 
 
 def param_counts(cfg: Any) -> ParamCounts:
     """Parameter counts per component for `cfg` (needs vocab_size, d_model, n_layers, d_ff)."""
-    vocab, d, f, n_layers = (_size(cfg, n) for n in ("vocab_size", "d_model", "d_ff", "n_layers"))
+    vocab, d, f, n_layers = config_sizes(cfg, "vocab_size", "d_model", "d_ff", "n_layers")
     return ParamCounts(
         embedding=vocab * d,
         attention_per_layer=4 * d * d,

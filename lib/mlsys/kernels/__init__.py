@@ -1,9 +1,11 @@
 """Triton kernels, one op per module, each with its reference, cost model, launcher and tests.
 
-- `elementwise`: `repeat_unary` (a unary op applied k times in one fused kernel), `eager_chain_bytes`.
+- `elementwise`: `repeat_unary` (a unary op applied k times in one fused kernel),
+  `eager_chain_bytes`.
 - `softmax`: fused row-wise `softmax` (forward and backward), `naive_softmax`, `softmax_bytes`.
 - `rmsnorm`: fused `rmsnorm` (forward; backward gives dx and dweight), `rmsnorm_bytes`.
-- `benchmark`: `python -m mlsys.kernels.benchmark` times them against eager PyTorch and torch.compile.
+- They are timed by the `fused_kernels` experiment of `mlsys.experiments`
+  (`python -m mlsys.experiments fused_kernels`).
 - `_triton`: the only place Triton is imported (it sets `TRITON_INTERPRET=1` first when there is no
   GPU), input checks and the per-dtype test tolerances.
 

@@ -20,13 +20,14 @@ Used in: §sec-bytes (chapter 04) and every kernel module.
 
 from __future__ import annotations
 
+import math
 import types
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
 
-from mlsys import env
+from mlsys import checks, env
 
 HAS_TRITON: bool = env.setup_triton()
 
@@ -36,7 +37,7 @@ if HAS_TRITON:
 else:  # macOS, Windows (tested in a subprocess that hides Triton)
 
     def _decorator(*args: Any, **kwargs: Any) -> Any:
-        """Stand-in for `triton.jit` / `triton.autotune`: `@jit` and `@autotune(...)` both leave fn as is."""
+        """Stand-in for `triton.jit` and `triton.autotune`: both leave the function as it is."""
         if len(args) == 1 and callable(args[0]) and not kwargs:
             return args[0]
         return lambda fn: fn
@@ -54,10 +55,9 @@ INTERPRETED: bool = HAS_TRITON and env.triton_interpreted()
 
 
 def _interpret_triton_language() -> int:
-    """Re-wrap `triton.language`'s compiled-mode `@jit` helpers for the interpreter; returns how many.
-
-    Needed only when `triton.language` was imported before `TRITON_INTERPRET` was set (see the module
-    docstring); idempotent, and a no-op when everything was imported in interpreter mode.
+    """Re-wrap `triton.language`'s compiled-mode `@jit` helpers for the interpreter; returns how
+    many. Needed only when `triton.language` was imported before `TRITON_INTERPRET` was set (see
+    the module docstring); idempotent, and a no-op when all was imported in interpreter mode.
     """
     import sys
 
@@ -79,29 +79,51 @@ if INTERPRETED:
     _interpret_triton_language()
 
 KERNEL_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32)
-"""Input dtypes the book's kernels accept; they compute in fp32 internally and store in the input dtype."""
+"""Input dtypes the book's kernels accept; they compute in fp32 and store in the input dtype."""
 
 TOLERANCES: dict[torch.dtype, dict[str, float]] = {
-    # fp32: fp32 arithmetic against float64; a few ulps of a row reduction, plus the GPU's approximate exp.
+    # fp32: fp32 arithmetic against float64; a few ulps of a row reduction, and the GPU's fast exp.
     torch.float32: {"rtol": 1e-5, "atol": 1e-5},
-    # fp16: one rounding of the output is 2**-11 ~ 4.9e-4 relative; leave room for inputs near zero.
+    # fp16: one rounding of the output is 2**-11 ~ 4.9e-4 relative; room for inputs near zero.
     torch.float16: {"rtol": 2e-3, "atol": 1e-3},
-    # bf16: 8 significand bits, one rounding is 2**-8 ~ 3.9e-3 relative (GPU-only: see the notes on the interpreter).
+    # bf16: 8 significand bits, one rounding is 2**-8 ~ 3.9e-3 relative (GPU only: `check_input`).
     torch.bfloat16: {"rtol": 1.6e-2, "atol": 1e-2},
 }
-"""Per-dtype `torch.testing.assert_close` tolerances for a kernel's output against a float64 reference."""
+"""Per-dtype `torch.testing.assert_close` tolerances of a kernel's output against float64."""
 
 
 def require_triton(op: str) -> None:
     """Raise RuntimeError if kernels cannot run here; `op` names the reference to use instead."""
     if not HAS_TRITON:
         raise RuntimeError(
-            f"Triton is not installed (Linux only); use {op}_ref, the plain PyTorch reference, on this machine"
+            f"Triton is not installed (Linux only); use {op}_ref, the plain PyTorch reference, "
+            "on this machine"
         )
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+def check_tensor(x: object, name: str) -> torch.Tensor:
+    """`x` must be a floating-point torch.Tensor (TypeError otherwise), on any device: the rule of
+    the references. Returns it."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if not torch.is_floating_point(x):
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
+    return x
+
+
+def rows_cols(shape: Sequence[int]) -> tuple[int, int]:
+    """(rows, cols) = (prod(shape[:-1]), shape[-1]) of a row-wise op over the last dim of `shape`.
+
+    The cost models of the row-wise kernels take a shape; every dim must be a positive int.
+    """
+    dims = checks.int_sequence(shape, "shape", minimum=1)
+    if not dims:
+        raise ValueError("shape must have at least one dim (the rows' length), got ()")
+    return math.prod(dims[:-1]), dims[-1]
 
 
 def check_input(
@@ -121,39 +143,49 @@ def check_input(
         raise TypeError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     allowed = tuple(dtypes)
     if x.dtype not in allowed:
-        raise TypeError(
-            f"{name} has dtype {x.dtype}; expected one of {', '.join(_dtype_name(d) for d in allowed)}"
-        )
+        names = ", ".join(_dtype_name(d) for d in allowed)
+        raise TypeError(f"{name} has dtype {x.dtype}; expected one of {names}")
     if INTERPRETED and x.dtype == torch.bfloat16:
         raise TypeError(
-            f"{name} has dtype torch.bfloat16, which Triton's CPU interpreter computes wrongly (it truncates "
-            "fp32 -> bf16 and does bf16 arithmetic on bit patterns); use float16 or float32 here, bfloat16 on a GPU"
+            f"{name} has dtype torch.bfloat16, which Triton's CPU interpreter computes wrongly (it "
+            "truncates fp32 -> bf16 and does bf16 arithmetic on bit patterns); use float16 or "
+            "float32 here, bfloat16 on a GPU"
         )
     if x.dim() < min_ndim:
-        raise ValueError(f"{name} must have at least {min_ndim} dimension(s), got shape {tuple(x.shape)}")
+        raise ValueError(
+            f"{name} must have at least {min_ndim} dimension(s), got shape {tuple(x.shape)}"
+        )
     if x.device.type != "cuda" and not (INTERPRETED and x.device.type == "cpu"):
         where = "a CUDA device" + (" or the CPU (Triton interpreter)" if INTERPRETED else "")
         raise ValueError(f"{name} is on {x.device}; Triton kernels here need a tensor on {where}")
     if x.numel() == 0:
-        raise ValueError(f"{name} is empty (shape {tuple(x.shape)}); kernels need at least one element")
+        raise ValueError(
+            f"{name} is empty (shape {tuple(x.shape)}); kernels need at least one element"
+        )
     if not x.is_contiguous():
-        raise ValueError(f"{name} must be contiguous; call .contiguous() first (strides {x.stride()})")
+        raise ValueError(
+            f"{name} must be contiguous; call .contiguous() first (strides {x.stride()})"
+        )
     return x
 
 
 def check_same(x: torch.Tensor, name_x: str, other: torch.Tensor, name_other: str) -> None:
     """`other` must share `x`'s dtype and device (ValueError naming both otherwise)."""
     if other.dtype != x.dtype:
-        raise ValueError(f"{name_other} has dtype {other.dtype} but {name_x} has {x.dtype}; they must match")
+        raise ValueError(
+            f"{name_other} has dtype {other.dtype} but {name_x} has {x.dtype}; they must match"
+        )
     if other.device != x.device:
-        raise ValueError(f"{name_other} is on {other.device} but {name_x} is on {x.device}; they must match")
+        raise ValueError(
+            f"{name_other} is on {other.device} but {name_x} is on {x.device}; they must match"
+        )
 
 
 ROW_BLOCK_M: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 """Rows per program tried by the row-wise kernels (softmax, RMSNorm); short rows share a program."""
 ROW_NUM_WARPS: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
 MAX_TILE_ELEMENTS = 16384
-"""Largest multi-row tile (rows x padded columns); a single row may be longer (up to the module's limit)."""
+"""Largest multi-row tile (rows x padded columns); one row may be longer (the module's limit)."""
 
 
 def row_tile_configs() -> list[Any]:
@@ -162,10 +194,11 @@ def row_tile_configs() -> list[Any]:
 
 
 def default_row_tile(n_rows: int, block_n: int) -> tuple[int, int]:
-    """(BLOCK_M, num_warps) without tuning: a tile of ~4096 elements (or one row), ~16 elements per thread.
+    """(BLOCK_M, num_warps) without tuning: a tile of ~4096 elements (or one row), ~16 per thread.
 
     Interpreted, tiles grow to ~65536 elements: the interpreter's cost is mostly per program.
     """
+    checks.positive_ints(n_rows=n_rows, block_n=block_n)
     target = 65536 if INTERPRETED else 4096
     block_m = max(1, min(ROW_BLOCK_M[-1], target // block_n, triton.next_power_of_2(n_rows)))
     warps = max(1, (block_m * block_n) // (32 * 16))
@@ -198,10 +231,10 @@ def _keep_for_shape(configs, named_args, **kwargs):
 
 
 class _InterpretedRowKernel:
-    """A row kernel launched with `default_row_tile` instead of through the autotuner (interpreter only).
+    """A row kernel launched with `default_row_tile`, not through the autotuner (interpreter only).
 
     Triton 3.6 and 3.7's autotuner asks the GPU driver for a benchmarker even when pruning leaves a
-    single config, which fails in the interpreter ("0 active drivers"); the tile is chosen directly.
+    single config, which fails in the interpreter ("0 active drivers"); the tile is chosen here.
     """
 
     def __init__(self, fn: Any):
@@ -218,7 +251,7 @@ class _InterpretedRowKernel:
 
 
 def row_autotune(fn: Any) -> Any:
-    """Autotune a row kernel (arguments `n_rows`, `n_cols`, `BLOCK_N`, `BLOCK_M`) over `row_tile_configs()`.
+    """Autotune a row kernel (`n_rows`, `n_cols`, `BLOCK_N`, `BLOCK_M`) over `row_tile_configs()`.
 
     Keyed on n_cols and pruned per shape by `keep_row_tiles`. Interpreted, there is nothing to tune:
     the launch uses `default_row_tile` directly (see `_InterpretedRowKernel`).
@@ -228,5 +261,7 @@ def row_autotune(fn: Any) -> Any:
     if INTERPRETED:
         return _InterpretedRowKernel(fn)
     return triton.autotune(
-        configs=row_tile_configs(), key=["n_cols"], prune_configs_by={"early_config_prune": _keep_for_shape}
+        configs=row_tile_configs(),
+        key=["n_cols"],
+        prune_configs_by={"early_config_prune": _keep_for_shape},
     )(fn)

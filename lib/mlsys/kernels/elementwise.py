@@ -9,42 +9,41 @@ compute-bound once 2k FLOP per element outweigh the bytes.
 Ops: "fma" is y = y*a + b with `a`, `b` passed at run time so the compiler cannot fold the chain
 (one fused multiply-add = 2 FLOP per element per step); "cos" is y = cos(y), a special-function
 evaluation of many instructions, counted as one "op" per element per step (not a FLOP count).
+The cost models live in `mlsys.accounting` (flops: `repeat_unary_flops`; bytes:
+`fused_chain_traffic`, `eager_chain_traffic`); the functions here delegate to them.
 
 Naive (eager) cost for n elements of s bytes: read k*n*s, write k*n*s. Fused: read n*s, write n*s.
-References: Triton tutorial 01 (vector add), https://triton-lang.org/main/getting-started/tutorials/ ;
-Williams, Waterman, Patterson, "Roofline" (CACM 2009). Used in: §sec-bytes.
+References: Triton tutorial 01 (vector add),
+https://triton-lang.org/main/getting-started/tutorials/ ; Williams, Waterman, Patterson,
+"Roofline" (CACM 2009). Used in: §sec-bytes.
 """
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from mlsys.dtypes import bytes_per_element
-from mlsys.kernels._triton import check_input, require_triton, tl, triton
+from mlsys import checks
+from mlsys.accounting import bytes as B
+from mlsys.accounting import flops
+from mlsys.kernels._triton import check_input, check_tensor, require_triton, tl, triton
 
-OPS = ("fma", "cos")
+OPS = tuple(flops.UNARY_CHAIN_OPS_PER_STEP)
+"""The chain's ops, "fma" and "cos"; their cost per step is in `mlsys.accounting.flops`."""
 FMA_SCALE = 0.75
 """`a` in y = y*a + b: |a| < 1 keeps the chain bounded (it converges to b / (1 - a) = 1)."""
 FMA_SHIFT = 0.25
 """`b` in y = y*a + b."""
 
 
-def _check_k_op(k: object, op: object) -> None:
-    if isinstance(k, bool) or not isinstance(k, int):
-        raise TypeError(f"k must be an int, got {type(k).__name__}")
-    if k < 0:
-        raise ValueError(f"k must be >= 0 (k = 0 is a copy), got {k}")
-    if op not in OPS:
-        raise ValueError(f"op={op!r} is not a known op; choose one of {', '.join(OPS)}")
-
-
 def repeat_unary_ref(x: Float[Tensor, "..."], k: int, op: str = "fma") -> Float[Tensor, "..."]:
     """Eager reference: k separate torch ops, so k round trips through memory, in `x`'s dtype.
 
-    Pass `x.double()` for the float64 test oracle. Each fma step is one op (`torch.add(b, y, alpha=a)`,
-    with `b` a 0-d CPU tensor that reaches the kernel as a scalar argument, not as memory traffic).
+    Pass `x.double()` for the float64 oracle. Each fma step is one op (`torch.add(b, y, alpha=a)`,
+    `b` a 0-d CPU tensor that reaches the kernel as a scalar argument, not as memory traffic).
     """
-    _check_k_op(k, op)
+    check_tensor(x, "x")
+    checks.nonnegative_int(k, "k")
+    checks.choice(op, "op", OPS)
     y = x.clone() if k == 0 else x
     shift = torch.tensor(FMA_SHIFT)
     for _ in range(k):
@@ -53,25 +52,18 @@ def repeat_unary_ref(x: Float[Tensor, "..."], k: int, op: str = "fma") -> Float[
 
 
 def repeat_unary_flops(n_elements: int, k: int, op: str = "fma") -> int:
-    """Arithmetic of the chain: fma = 2*k*n FLOP; cos = k*n evaluations ("ops", not FLOPs)."""
-    _check_k_op(k, op)
-    if n_elements < 0:
-        raise ValueError(f"n_elements must be >= 0, got {n_elements}")
-    return (2 if op == "fma" else 1) * k * n_elements
+    """Arithmetic of the chain (fma 2k FLOPs, cos k ops per element): `flops.repeat_unary_flops`."""
+    return flops.repeat_unary_flops(n_elements, k, op)
 
 
 def repeat_unary_bytes(n_elements: int, dtype: object) -> int:
-    """Bytes the fused kernel moves: read n elements once and write them once, whatever k is."""
-    if n_elements < 0:
-        raise ValueError(f"n_elements must be >= 0, got {n_elements}")
-    return 2 * n_elements * bytes_per_element(dtype)
+    """Bytes the fused kernel moves (read once, write once, any k): `bytes.fused_chain_traffic`."""
+    return B.fused_chain_traffic(n_elements, dtype).total_bytes
 
 
 def eager_chain_bytes(n_elements: int, dtype: object, k: int) -> int:
-    """Bytes the eager chain of k ops moves: each op reads n elements and writes n elements."""
-    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
-        raise ValueError(f"k must be an int >= 0, got {k!r}")
-    return k * repeat_unary_bytes(n_elements, dtype)
+    """Bytes the eager chain of k ops moves (k reads + k writes): `bytes.eager_chain_traffic`."""
+    return B.eager_chain_traffic(n_elements, dtype, k).total_bytes
 
 
 BLOCK = 1024
@@ -80,7 +72,8 @@ NUM_WARPS = 4
 
 
 @triton.jit
-def _repeat_unary_kernel(x_ptr, y_ptr, n_elements, a, b, K: tl.constexpr, OP: tl.constexpr, BLOCK: tl.constexpr):
+def _repeat_unary_kernel(x_ptr, y_ptr, n_elements, a, b, K: tl.constexpr, OP: tl.constexpr,
+                         BLOCK: tl.constexpr):
     # one program per BLOCK contiguous elements; 64-bit offsets so n_elements may exceed 2**31
     start = tl.program_id(0).to(tl.int64) * BLOCK
     offsets = start + tl.arange(0, BLOCK)
@@ -104,12 +97,14 @@ def repeat_unary(x: Float[Tensor, "..."], k: int, op: str = "fma") -> Float[Tens
     inside, output in `x`'s dtype and shape. Cost: `repeat_unary_bytes`, `repeat_unary_flops`.
     """
     require_triton("repeat_unary")
-    _check_k_op(k, op)
+    checks.nonnegative_int(k, "k")
+    checks.choice(op, "op", OPS)
     check_input(x, "x", min_ndim=0)
     y = torch.empty_like(x)
     n = x.numel()
     grid = (triton.cdiv(n, BLOCK),)
-    _repeat_unary_kernel[grid](x, y, n, FMA_SCALE, FMA_SHIFT, K=k, OP=op, BLOCK=BLOCK, num_warps=NUM_WARPS)
+    _repeat_unary_kernel[grid](x, y, n, FMA_SCALE, FMA_SHIFT, K=k, OP=op, BLOCK=BLOCK,
+                               num_warps=NUM_WARPS)
     return y
 
 
@@ -117,4 +112,4 @@ BENCHMARKS = [
     {"name": "repeat_unary_fma", "op": "fma", "k": [0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512]},
     {"name": "cos_cos", "op": "cos", "k": [2]},
 ]
-"""What `mlsys.kernels.benchmark` sweeps (specs only; nothing runs here)."""
+"""Specs of what `mlsys.experiments.elementwise_fusion` sweeps (nothing runs here)."""

@@ -10,24 +10,28 @@ second kernel adds the partial rows; no atomics, so the result is deterministic.
 Cost for an (M, N) input of s bytes per element: forward reads x (MN s) and weight (N s), writes y
 (MN s) and rstd (4M); backward reads x, dy (2MN s), weight (N s), rstd (4M), writes dx (MN s) and
 dweight (N s). Written as eager ops (square, mean, add, rsqrt, two multiplies) the forward makes
-about six round trips instead of one.
-References: Zhang & Sennrich, "Root Mean Square Layer Normalization" (NeurIPS 2019); Triton tutorial
-05 (layer norm backward), https://triton-lang.org/main/getting-started/tutorials/ . Used in: §sec-bytes.
+about six round trips instead of one. The cost models take a shape and delegate to
+`mlsys.accounting.bytes` and `mlsys.accounting.flops`, where the counts are defined.
+References: Zhang & Sennrich, "Root Mean Square Layer Normalization" (NeurIPS 2019); Triton
+tutorial 05 (layer norm backward), https://triton-lang.org/main/getting-started/tutorials/ .
+Used in: §sec-bytes.
 """
-
-import math
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from mlsys.dtypes import bytes_per_element
+from mlsys import checks
+from mlsys.accounting import bytes as B
+from mlsys.accounting import flops
 from mlsys.kernels._triton import (
     INTERPRETED,
     check_input,
     check_same,
+    check_tensor,
     require_triton,
     row_autotune,
+    rows_cols,
     tl,
     triton,
 )
@@ -40,42 +44,33 @@ def rmsnorm_ref(
     x: Float[Tensor, "... d_model"], weight: Float[Tensor, " d_model"], eps: float = 1e-5
 ) -> Float[Tensor, "... d_model"]:
     """Reference in x's dtype (pass float64 tensors for the test oracle)."""
+    check_tensor(x, "x")
+    check_tensor(weight, "weight")
+    eps = checks.positive(eps, "eps")
     return x * torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps) * weight
 
 
-def _rows_cols(shape: tuple[int, ...]) -> tuple[int, int]:
-    if len(shape) < 1 or any(int(d) < 0 for d in shape):
-        raise ValueError(f"shape must have at least one dim, all >= 0, got {tuple(shape)}")
-    return math.prod(shape[:-1]), int(shape[-1])
-
-
 def rmsnorm_bytes(shape: tuple[int, ...], dtype: object) -> int:
-    """Forward traffic: read x and weight, write y (all in dtype) and rstd (fp32, one per row)."""
-    m, n = _rows_cols(shape)
-    return (2 * m * n + n) * bytes_per_element(dtype) + 4 * m
+    """Forward traffic: read x and weight, write y (in dtype) and rstd (fp32, one per row).
+    Delegates to `bytes.norm_traffic(..., save_stats=True)`."""
+    return B.norm_traffic(*rows_cols(shape), dtype, save_stats=True).total_bytes
 
 
 def rmsnorm_backward_bytes(shape: tuple[int, ...], dtype: object) -> int:
-    """Backward traffic: read x, dy, weight and rstd; write dx and dweight.
-
-    Excludes the fp32 partial sums of dweight (P x N written and read, P = programs), which are
-    under 1% of the total when M is much larger than P.
-    """
-    m, n = _rows_cols(shape)
-    return (3 * m * n + 2 * n) * bytes_per_element(dtype) + 4 * m
+    """Backward traffic: read x, dy, weight and rstd; write dx and dweight (the fp32 partial sums
+    of dweight excluded). Delegates to `bytes.rmsnorm_backward_traffic`."""
+    return B.rmsnorm_backward_traffic(*rows_cols(shape), dtype).total_bytes
 
 
 def rmsnorm_flops(shape: tuple[int, ...]) -> int:
-    """Forward FLOPs: 4 per element (square, add, times rstd, times weight) + 3 per row (/N, +eps, rsqrt)."""
-    m, n = _rows_cols(shape)
-    return 4 * m * n + 3 * m
+    """Forward FLOPs, 4 per element (square, add, times rstd, times weight) + 3 per row (/N, +eps,
+    rsqrt). Delegates to `flops.rmsnorm_flops`."""
+    return flops.rmsnorm_flops(*rows_cols(shape))
 
 
 def rmsnorm_backward_flops(shape: tuple[int, ...]) -> int:
-    """Backward FLOPs: 9 per element (xhat, g, g*xhat and its sum, xhat*c, subtract, times rstd,
-    dy*xhat and its sum over rows) + 1 per row (the mean's /N)."""
-    m, n = _rows_cols(shape)
-    return 9 * m * n + m
+    """Backward FLOPs, 9 per element + 1 per row. Delegates to `flops.rmsnorm_backward_flops`."""
+    return flops.rmsnorm_backward_flops(*rows_cols(shape))
 
 
 @row_autotune
@@ -89,20 +84,23 @@ def _rmsnorm_fwd_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, n_rows, n_cols, eps, stri
     col_ok = cols < n_cols
     mask = row_ok[:, None] & col_ok[None, :]
     # load x and weight once, in fp32 (padding = 0 adds nothing to the sum of squares)
-    x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    x_ptrs = x_ptr + rows[:, None] * stride_xm + cols[None, :]
+    x = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
     # compute: the inverse root mean square per row, then scale
     rstd = tl.rsqrt(tl.sum(x * x, axis=1) / n_cols + eps)
     y = x * rstd[:, None] * w[None, :]
     # store y in the output's dtype and rstd (fp32) for the backward
-    tl.store(y_ptr + rows[:, None] * stride_ym + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+    y_ptrs = y_ptr + rows[:, None] * stride_ym + cols[None, :]
+    tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=mask)
     tl.store(rstd_ptr + rows, rstd, mask=row_ok)
 
 
 @row_autotune
 @triton.jit
 def _rmsnorm_bwd_kernel(x_ptr, w_ptr, rstd_ptr, dy_ptr, dx_ptr, dw_partial_ptr, n_rows, n_cols,
-                        stride_xm, stride_dym, stride_dxm, stride_pm, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
+                        stride_xm, stride_dym, stride_dxm, stride_pm, BLOCK_N: tl.constexpr,
+                        BLOCK_M: tl.constexpr):
     # a fixed number of programs, each looping over row tiles pid, pid + P, pid + 2P, ...
     pid = tl.program_id(0)
     n_programs = tl.num_programs(0)
@@ -115,22 +113,26 @@ def _rmsnorm_bwd_kernel(x_ptr, w_ptr, rstd_ptr, dy_ptr, dx_ptr, dw_partial_ptr, 
         row_ok = rows < n_rows
         mask = row_ok[:, None] & col_ok[None, :]
         # load x, dy (padding = 0: no contribution to either sum) and the saved rstd
-        x = tl.load(x_ptr + rows[:, None] * stride_xm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-        dy = tl.load(dy_ptr + rows[:, None] * stride_dym + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        x_ptrs = x_ptr + rows[:, None] * stride_xm + cols[None, :]
+        dy_ptrs = dy_ptr + rows[:, None] * stride_dym + cols[None, :]
+        x = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
+        dy = tl.load(dy_ptrs, mask=mask, other=0.0).to(tl.float32)
         rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)
         # dx = rstd * (g - xhat * mean(g * xhat)) with g = dy * w
         xhat = x * rstd[:, None]
         g = dy * w[None, :]
         c = tl.sum(g * xhat, axis=1) / n_cols
         dx = (g - xhat * c[:, None]) * rstd[:, None]
-        tl.store(dx_ptr + rows[:, None] * stride_dxm + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        dx_ptrs = dx_ptr + rows[:, None] * stride_dxm + cols[None, :]
+        tl.store(dx_ptrs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
         dw_acc += tl.sum(dy * xhat, axis=0)
     # every program writes its partial row (zeros if it had no tile), so no buffer needs clearing
     tl.store(dw_partial_ptr + pid * stride_pm + cols, dw_acc, mask=col_ok)
 
 
 @triton.jit
-def _column_sum_kernel(p_ptr, out_ptr, n_partials, n_cols, stride_pm, BLOCK_P: tl.constexpr, BLOCK_N: tl.constexpr):
+def _column_sum_kernel(p_ptr, out_ptr, n_partials, n_cols, stride_pm, BLOCK_P: tl.constexpr,
+                       BLOCK_N: tl.constexpr):
     # one program per BLOCK_N columns, summing all partial rows in a fixed order (deterministic)
     cols = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < n_cols
@@ -138,7 +140,8 @@ def _column_sum_kernel(p_ptr, out_ptr, n_partials, n_cols, stride_pm, BLOCK_P: t
     for start in range(0, n_partials, BLOCK_P):
         rows = start + tl.arange(0, BLOCK_P)
         mask = (rows < n_partials)[:, None] & col_ok[None, :]
-        acc += tl.sum(tl.load(p_ptr + rows[:, None] * stride_pm + cols[None, :], mask=mask, other=0.0), axis=0)
+        p_ptrs = p_ptr + rows[:, None] * stride_pm + cols[None, :]
+        acc += tl.sum(tl.load(p_ptrs, mask=mask, other=0.0), axis=0)
     tl.store(out_ptr + cols, acc.to(out_ptr.dtype.element_ty), mask=col_ok)
 
 
@@ -147,14 +150,13 @@ def _check(x: Tensor, weight: Tensor, eps: float) -> None:
     check_input(x, "x")
     check_input(weight, "weight")
     if weight.dim() != 1 or weight.shape[0] != x.shape[-1]:
-        raise ValueError(
-            f"weight has shape {tuple(weight.shape)}; expected ({x.shape[-1]},), the last dim of x {tuple(x.shape)}"
-        )
+        raise ValueError(f"weight has shape {tuple(weight.shape)}; expected ({x.shape[-1]},), "
+                         f"the last dim of x {tuple(x.shape)}")
     check_same(x, "x", weight, "weight")
     if x.shape[-1] > MAX_COLS:
-        raise ValueError(f"x has rows of {x.shape[-1]} elements; this single-pass kernel holds at most {MAX_COLS}")
-    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not eps > 0:
-        raise ValueError(f"eps must be a positive number, got {eps!r}")
+        raise ValueError(f"x has rows of {x.shape[-1]} elements; this single-pass kernel holds "
+                         f"at most {MAX_COLS}")
+    checks.positive(eps, "eps")
 
 
 def _rmsnorm_forward(x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
@@ -166,13 +168,14 @@ def _rmsnorm_forward(x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Ten
     rstd = torch.empty(n_rows, dtype=torch.float32, device=x.device)
     grid = lambda meta: (triton.cdiv(n_rows, meta["BLOCK_M"]),)
     _rmsnorm_fwd_kernel[grid](
-        x2, weight, y2, rstd, n_rows, n_cols, float(eps), x2.stride(0), y2.stride(0), triton.next_power_of_2(n_cols)
+        x2, weight, y2, rstd, n_rows, n_cols, float(eps), x2.stride(0), y2.stride(0),
+        triton.next_power_of_2(n_cols),
     )
     return y2.view(x.shape), rstd
 
 
 def _partial_programs(n_rows: int, device: torch.device) -> int:
-    """Programs of the backward kernel: a few per SM on a GPU (each keeps one partial row), 8 interpreted."""
+    """Programs of the backward kernel: 4 per SM on a GPU (each keeps a partial row), else 8."""
     if INTERPRETED or device.type != "cuda":
         return min(n_rows, 8)
     return min(n_rows, 4 * torch.cuda.get_device_properties(device).multi_processor_count)
@@ -187,12 +190,14 @@ def _rmsnorm_backward(x: Tensor, weight: Tensor, rstd: Tensor, dy: Tensor) -> tu
     partial = torch.empty(n_programs, n_cols, dtype=torch.float32, device=x.device)
     _rmsnorm_bwd_kernel[(n_programs,)](
         x2, weight, rstd, dy2, dx2, partial, n_rows, n_cols,
-        x2.stride(0), dy2.stride(0), dx2.stride(0), partial.stride(0), triton.next_power_of_2(n_cols),
+        x2.stride(0), dy2.stride(0), dx2.stride(0), partial.stride(0),
+        triton.next_power_of_2(n_cols),
     )
     dweight = torch.empty_like(weight)
     block_n = 128
     _column_sum_kernel[(triton.cdiv(n_cols, block_n),)](
-        partial, dweight, n_programs, n_cols, partial.stride(0), BLOCK_P=32, BLOCK_N=block_n, num_warps=4
+        partial, dweight, n_programs, n_cols, partial.stride(0),
+        BLOCK_P=32, BLOCK_N=block_n, num_warps=4,
     )
     return dx2.view(x.shape), dweight
 
@@ -218,13 +223,19 @@ def rmsnorm(
     """RMSNorm over the last dim with fused Triton kernels (forward; backward gives dx and dweight).
 
     x: contiguous fp16/bf16/fp32 on CUDA (or CPU under the interpreter); weight: (d_model,), same
-    dtype and device. Output in x's dtype; fp32 arithmetic inside. Cost: `rmsnorm_bytes`, `rmsnorm_flops`.
+    dtype and device; eps > 0. Output in x's dtype; fp32 arithmetic inside. Cost: `rmsnorm_bytes`,
+    `rmsnorm_flops`.
     """
     _check(x, weight, eps)
     return _RMSNorm.apply(x, weight, eps)
 
 
 BENCHMARKS = [
-    {"name": "rmsnorm", "n_cols": [1024, 4096, 16384], "dtype": ["fp32", "bf16"], "against": ["eager", "compiled"]},
+    {
+        "name": "rmsnorm",
+        "n_cols": [1024, 4096, 16384],
+        "dtype": ["fp32", "bf16"],
+        "against": ["eager", "compiled"],
+    },
 ]
-"""What `mlsys.kernels.benchmark` measures (specs only; nothing runs here)."""
+"""Specs of what `mlsys.experiments.fused_kernels` measures (nothing runs here)."""

@@ -15,30 +15,41 @@ subtract, exp, sum, divide) an (M, N) input costs, in elements, reads 5MN + 2M a
 The fused kernel keeps a row (or a few short rows) in registers: reads MN, writes MN, so at large
 sizes it should run about 4x faster than the naive sequence and near the device's copy bandwidth.
 Backward: dx = y * (dy - sum_j dy_j y_j), a second kernel reading y and dy, writing dx.
-References: Triton tutorial 02 (fused softmax), https://triton-lang.org/main/getting-started/tutorials/ ;
-Milakov & Gimelshein, "Online normalizer calculation for softmax" (2018). Used in: §sec-bytes.
+The cost models (`softmax_bytes`, `softmax_flops`, ...) take a shape and delegate to
+`mlsys.accounting.bytes` and `mlsys.accounting.flops`, where the counts are defined.
+References: Triton tutorial 02 (fused softmax),
+https://triton-lang.org/main/getting-started/tutorials/ ; Milakov & Gimelshein, "Online
+normalizer calculation for softmax" (2018). Used in: §sec-bytes.
 """
-
-import math
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from mlsys.dtypes import bytes_per_element
-from mlsys.kernels._triton import check_input, require_triton, row_autotune, tl, triton
+from mlsys.accounting import bytes as B
+from mlsys.accounting import flops
+from mlsys.kernels._triton import (
+    check_input,
+    check_tensor,
+    require_triton,
+    row_autotune,
+    rows_cols,
+    tl,
+    triton,
+)
 
 MAX_COLS = 65536
 """Longest row the single-pass kernel holds in registers (32 warps x 64 fp32 values per thread)."""
 
 
 def softmax_ref(x: Float[Tensor, "... n"]) -> Float[Tensor, "... n"]:
-    """Reference: `torch.softmax(x, dim=-1)` in x's dtype (pass `x.double()` for the float64 oracle)."""
-    return torch.softmax(x, dim=-1)
+    """Reference: `torch.softmax(x, dim=-1)` in x's dtype (`x.double()`: the float64 oracle)."""
+    return torch.softmax(check_tensor(x, "x"), dim=-1)
 
 
 def naive_softmax(x: Float[Tensor, "... n"]) -> Float[Tensor, "... n"]:
-    """Softmax as five separate eager ops, each a round trip through memory (see the module table)."""
+    """Softmax as five separate eager ops, each a round trip through memory (the module table)."""
+    check_tensor(x, "x")
     row_max = x.amax(dim=-1, keepdim=True)  # read MN, write M
     z = x - row_max  # read MN + M, write MN
     num = torch.exp(z)  # read MN, write MN
@@ -46,40 +57,30 @@ def naive_softmax(x: Float[Tensor, "... n"]) -> Float[Tensor, "... n"]:
     return num / den  # read MN + M, write MN
 
 
-def _rows_cols(shape: tuple[int, ...]) -> tuple[int, int]:
-    if len(shape) < 1 or any(int(d) < 0 for d in shape):
-        raise ValueError(f"shape must have at least one dim, all >= 0, got {tuple(shape)}")
-    return math.prod(shape[:-1]), int(shape[-1])
-
-
 def softmax_bytes(shape: tuple[int, ...], dtype: object) -> int:
-    """Fused forward traffic: read x once, write y once = 2 * M * N * bytes_per_element."""
-    m, n = _rows_cols(shape)
-    return 2 * m * n * bytes_per_element(dtype)
+    """Fused forward traffic, read x + write y = 2MN elements: `bytes.softmax_traffic`."""
+    return B.softmax_traffic(*rows_cols(shape), dtype).total_bytes
 
 
 def naive_softmax_bytes(shape: tuple[int, ...], dtype: object) -> int:
-    """Traffic of `naive_softmax`: reads 5MN + 2M, writes 3MN + 2M elements (module table)."""
-    m, n = _rows_cols(shape)
-    return (8 * m * n + 4 * m) * bytes_per_element(dtype)
+    """Traffic of `naive_softmax`, 8MN + 4M elements: `bytes.naive_softmax_traffic`."""
+    return B.naive_softmax_traffic(*rows_cols(shape), dtype).total_bytes
 
 
 def softmax_backward_bytes(shape: tuple[int, ...], dtype: object) -> int:
-    """Fused backward traffic: read y and dy, write dx = 3 * M * N * bytes_per_element."""
-    m, n = _rows_cols(shape)
-    return 3 * m * n * bytes_per_element(dtype)
+    """Fused backward traffic, read y, dy + write dx = 3MN: `bytes.softmax_backward_traffic`."""
+    return B.softmax_backward_traffic(*rows_cols(shape), dtype).total_bytes
 
 
 def softmax_flops(shape: tuple[int, ...]) -> int:
-    """Forward FLOPs, 5 per element: a max compare, a subtract, an exp (counted as one), an add, a divide."""
-    m, n = _rows_cols(shape)
-    return 5 * m * n
+    """Forward FLOPs, 5 per element (max, subtract, exp, add, divide): `flops.softmax_flops`."""
+    return flops.softmax_flops(*rows_cols(shape))
 
 
 def softmax_backward_flops(shape: tuple[int, ...]) -> int:
-    """Backward FLOPs, 4 per element: dy*y, the row-sum add, the subtract, the multiply by y."""
-    m, n = _rows_cols(shape)
-    return 4 * m * n
+    """Backward FLOPs, 4 per element (dy*y, add, subtract, times y): delegates to
+    `flops.softmax_backward_flops`."""
+    return flops.softmax_backward_flops(*rows_cols(shape))
 
 
 @row_autotune
@@ -94,8 +95,8 @@ def _softmax_fwd_kernel(x_ptr, y_ptr, n_rows, n_cols, stride_xm, stride_ym, BLOC
     # rows past the end re-read the last row (no -inf - -inf = nan) and are never stored
     safe_rows = tl.minimum(rows, n_rows - 1).to(tl.int64)
     # load: the only read of x; padding columns get -inf so they add exp(-inf) = 0
-    x = tl.load(x_ptr + safe_rows[:, None] * stride_xm + cols[None, :], mask=col_ok[None, :], other=-float("inf"))
-    x = x.to(tl.float32)
+    x_ptrs = x_ptr + safe_rows[:, None] * stride_xm + cols[None, :]
+    x = tl.load(x_ptrs, mask=col_ok[None, :], other=-float("inf")).to(tl.float32)
     # compute in fp32: subtract the row max, exponentiate, normalize by the row sum
     num = tl.exp(x - tl.max(x, axis=1)[:, None])
     y = num * (1.0 / tl.sum(num, axis=1))[:, None]
@@ -112,19 +113,23 @@ def _softmax_bwd_kernel(y_ptr, dy_ptr, dx_ptr, n_rows, n_cols, stride_ym, stride
     cols = tl.arange(0, BLOCK_N)
     mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
     # load y and dy (padding = 0 contributes nothing to the row sum)
-    y = tl.load(y_ptr + rows[:, None] * stride_ym + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    dy = tl.load(dy_ptr + rows[:, None] * stride_dym + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    y_ptrs = y_ptr + rows[:, None] * stride_ym + cols[None, :]
+    dy_ptrs = dy_ptr + rows[:, None] * stride_dym + cols[None, :]
+    y = tl.load(y_ptrs, mask=mask, other=0.0).to(tl.float32)
+    dy = tl.load(dy_ptrs, mask=mask, other=0.0).to(tl.float32)
     # dx = y * (dy - <dy, y>) per row
     dot = tl.sum(dy * y, axis=1)
     dx = y * (dy - dot[:, None])
-    tl.store(dx_ptr + rows[:, None] * stride_dxm + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
+    dx_ptrs = dx_ptr + rows[:, None] * stride_dxm + cols[None, :]
+    tl.store(dx_ptrs, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
 def _check(x: Tensor) -> None:
     require_triton("softmax")
     check_input(x, "x")
     if x.shape[-1] > MAX_COLS:
-        raise ValueError(f"x has rows of {x.shape[-1]} elements; this single-pass kernel holds at most {MAX_COLS}")
+        raise ValueError(f"x has rows of {x.shape[-1]} elements; this single-pass kernel holds "
+                         f"at most {MAX_COLS}")
 
 
 def _softmax_forward(x: Tensor) -> Tensor:
@@ -134,7 +139,8 @@ def _softmax_forward(x: Tensor) -> Tensor:
     y2 = torch.empty_like(x2)
     n_rows = x2.shape[0]
     grid = lambda meta: (triton.cdiv(n_rows, meta["BLOCK_M"]),)
-    _softmax_fwd_kernel[grid](x2, y2, n_rows, n_cols, x2.stride(0), y2.stride(0), triton.next_power_of_2(n_cols))
+    block_n = triton.next_power_of_2(n_cols)
+    _softmax_fwd_kernel[grid](x2, y2, n_rows, n_cols, x2.stride(0), y2.stride(0), block_n)
     return y2.view(x.shape)
 
 
@@ -145,7 +151,8 @@ def _softmax_backward(y: Tensor, dy: Tensor) -> Tensor:
     n_rows = y2.shape[0]
     grid = lambda meta: (triton.cdiv(n_rows, meta["BLOCK_M"]),)
     _softmax_bwd_kernel[grid](
-        y2, dy2, dx2, n_rows, n_cols, y2.stride(0), dy2.stride(0), dx2.stride(0), triton.next_power_of_2(n_cols)
+        y2, dy2, dx2, n_rows, n_cols, y2.stride(0), dy2.stride(0), dx2.stride(0),
+        triton.next_power_of_2(n_cols),
     )
     return dx2.view(y.shape)
 
@@ -182,4 +189,4 @@ BENCHMARKS = [
         "against": ["torch", "naive", "compiled"],
     },
 ]
-"""What `mlsys.kernels.benchmark` measures (specs only; nothing runs here)."""
+"""Specs of what `mlsys.experiments.fused_kernels` measures (nothing runs here)."""

@@ -32,7 +32,8 @@ def naive_causal_attention(
     k: Float[Tensor, "batch heads seq d_head"],
     v: Float[Tensor, "batch heads seq d_head"],
 ) -> Float[Tensor, "batch heads seq d_head"]:
-    """softmax(q k^T / sqrt(d_head) + causal mask) v, with the (seq x seq) score matrix materialized."""
+    """softmax(q k^T / sqrt(d_head) + causal mask) v, with the (seq x seq) score matrix
+    materialized."""
     seq, d_head = q.shape[-2], q.shape[-1]
     scores = q @ k.transpose(-2, -1) / math.sqrt(d_head)  # (batch, heads, seq, seq)
     future = torch.ones(seq, seq, dtype=torch.bool, device=q.device).triu(diagonal=1)
@@ -45,13 +46,16 @@ def sdpa_causal_attention(
     k: Float[Tensor, "batch heads seq d_head"],
     v: Float[Tensor, "batch heads seq d_head"],
 ) -> Float[Tensor, "batch heads seq d_head"]:
-    """The same function through PyTorch's fused kernel (flash / memory-efficient / math, its choice)."""
+    """The same function through PyTorch's fused kernel (flash / memory-efficient / math, its
+    choice)."""
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
 def backend(name: str) -> AttentionFn:
-    """The attention function registered as `name` in `ATTENTION_BACKENDS`; ValueError for others."""
+    """The attention function registered as `name` in `ATTENTION_BACKENDS`; ValueError for
+    others."""
     if name not in ATTENTION_BACKENDS:
-        raise ValueError(f"attention={name!r} is not a known backend; known: {', '.join(ATTENTION_BACKENDS)}")
+        raise ValueError(f"attention={name!r} is not a known backend; "
+                         f"known: {', '.join(ATTENTION_BACKENDS)}")
     module, function = ATTENTION_BACKENDS[name].split(":")
     return getattr(importlib.import_module(module), function)

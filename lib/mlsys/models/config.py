@@ -1,10 +1,10 @@
 """Configuration of the book's decoder-only language model, and its named presets.
 
-Pure Python (no torch import): the accounting functions take a `TransformerConfig` to count parameters,
-FLOPs and bytes for a model that is never built. The presets follow the model-size table of Stanford
-CS336 (2025), assignment 2, whose sizes are those of GPT-2 small ... XL plus a 2.7B model, with a
-10,000-token vocabulary and a context of 1,024 tokens. The default (`debug`) runs on a CPU in
-milliseconds.
+Pure Python (no torch import): the accounting functions take a `TransformerConfig` to count
+parameters, FLOPs and bytes for a model that is never built. The presets follow the model-size
+table of Stanford CS336 (2025), assignment 2, whose sizes are those of GPT-2 small ... XL plus a
+2.7B model, with a 10,000-token vocabulary and a context of 1,024 tokens. The default (`debug`)
+runs on a CPU in milliseconds.
 
 Used in: §sec-tensors-memory (chapter 02) and every chapter that builds or costs a model.
 """
@@ -14,38 +14,37 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from mlsys import checks
+
 ATTENTION_BACKENDS: dict[str, str] = {
     "naive": "mlsys.models.attention:naive_causal_attention",
     "sdpa": "mlsys.models.attention:sdpa_causal_attention",
 }
-"""The one registry of attention implementations: name -> "module:function" (resolved, and imported, only
-by `mlsys.models.attention.backend`, so this file stays torch-free). The model's `attention` field
-takes any of these names; a backend is chosen explicitly and never swapped quietly."""
+"""The one registry of attention implementations: name -> "module:function" (resolved, and
+imported, only by `mlsys.models.attention.backend`, so this file stays torch-free). The model's
+`attention` field takes any of these names; a backend is chosen explicitly, never swapped
+quietly."""
 
 _SIZE_FIELDS = ("vocab_size", "context_length", "d_model", "n_layers", "n_heads", "d_ff")
 
 
 @dataclass(frozen=True)
 class TransformerConfig:
-    """Sizes of a pre-norm decoder LM (RMSNorm, RoPE, SwiGLU, untied head). Defaults = `debug` preset."""
+    """Sizes of a pre-norm decoder LM (RMSNorm, RoPE, SwiGLU, untied head); defaults = `debug`."""
 
     vocab_size: int = 1_000  # tokens in the vocabulary (rows of the embedding, columns of the head)
-    context_length: int = 128  # longest sequence the model accepts; RoPE tables are built this long
+    context_length: int = 128  # longest sequence the model accepts; the RoPE tables' length
     d_model: int = 64  # width of the residual stream
     n_layers: int = 2  # number of transformer blocks
     n_heads: int = 4  # attention heads; each has d_head = d_model / n_heads dimensions
     d_ff: int = 176  # hidden width of the SwiGLU feed-forward (about 8/3 d_model, rounded to 16)
-    rope_theta: float = 10_000.0  # RoPE base: pair i rotates by position * rope_theta ** (-2i / d_head)
+    rope_theta: float = 10_000.0  # RoPE base: pair i rotates by position * theta ** (-2i / d_head)
     norm_eps: float = 1e-5  # added to the mean square inside RMSNorm
-    attention: str = "naive"  # backend: "naive" (softmax(QK^T) V written out) or "sdpa" (PyTorch fused)
+    attention: str = "naive"  # "naive" (softmax(QK^T) V written out) or "sdpa" (PyTorch fused)
 
     def __post_init__(self) -> None:
         for name in _SIZE_FIELDS:
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name} must be a positive integer, got {value!r} ({type(value).__name__})")
-            if value <= 0:
-                raise ValueError(f"{name} must be a positive integer, got {value}")
+            checks.positive_int(getattr(self, name), name)
         if self.d_model % self.n_heads != 0:
             raise ValueError(
                 f"d_model ({self.d_model}) is not divisible by n_heads ({self.n_heads}): "
@@ -53,16 +52,12 @@ class TransformerConfig:
             )
         if self.d_head % 2 != 0:
             raise ValueError(
-                f"d_head = d_model / n_heads = {self.d_model} / {self.n_heads} = {self.d_head} must be even "
-                "(RoPE rotates pairs of dimensions)"
+                f"d_head = d_model / n_heads = {self.d_model} / {self.n_heads} = {self.d_head} "
+                "must be even (RoPE rotates pairs of dimensions)"
             )
         for name in ("rope_theta", "norm_eps"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"{name} must be a positive number, got {value!r}")
-        if self.attention not in ATTENTION_BACKENDS:
-            known = ", ".join(ATTENTION_BACKENDS)
-            raise ValueError(f"attention={self.attention!r} is not a known backend; known: {known}")
+            checks.positive(getattr(self, name), name)
+        checks.choice(self.attention, "attention", ATTENTION_BACKENDS)
 
     @property
     def d_head(self) -> int:
@@ -75,22 +70,24 @@ class TransformerConfig:
 
         `TransformerConfig.preset("small", attention="sdpa")`; unknown names raise ValueError.
         """
-        if name not in PRESETS:
-            raise ValueError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
+        checks.choice(name, "preset", PRESETS)
         known_fields = {f.name for f in fields(cls)}
         unknown = sorted(set(overrides) - known_fields)
         if unknown:
-            raise ValueError(f"unknown TransformerConfig field(s) {unknown}; known: {sorted(known_fields)}")
+            raise ValueError(f"unknown TransformerConfig field(s) {unknown}; "
+                             f"known: {sorted(known_fields)}")
         return cls(**{**PRESETS[name], **overrides})
 
 
 def _cs336(d_model: int, d_ff: int, n_layers: int, n_heads: int) -> dict[str, int]:
-    return dict(vocab_size=10_000, context_length=1_024, d_model=d_model, d_ff=d_ff, n_layers=n_layers, n_heads=n_heads)
+    return dict(vocab_size=10_000, context_length=1_024, d_model=d_model, d_ff=d_ff,
+                n_layers=n_layers, n_heads=n_heads)
 
 
 PRESETS: dict[str, dict[str, Any]] = {
     # tiny, for CPU tests and smoke runs (= the dataclass defaults)
-    "debug": dict(vocab_size=1_000, context_length=128, d_model=64, d_ff=176, n_layers=2, n_heads=4),
+    "debug": dict(vocab_size=1_000, context_length=128, d_model=64, d_ff=176, n_layers=2,
+                  n_heads=4),
     # CS336 assignment-2 model table (d_ff = 4 d_model for every standard size)
     "small": _cs336(d_model=768, d_ff=3_072, n_layers=12, n_heads=12),
     "medium": _cs336(d_model=1_024, d_ff=4_096, n_layers=24, n_heads=16),

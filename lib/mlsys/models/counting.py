@@ -14,7 +14,8 @@ from mlsys.checks import positive_ints
 from mlsys.models.config import TransformerConfig
 
 
-def count_model_flops(cfg: TransformerConfig, batch: int, seq: int, *, backward: bool = False) -> FlopCounterMode:
+def count_model_flops(cfg: TransformerConfig, batch: int, seq: int, *,
+                      backward: bool = False) -> FlopCounterMode:
     """Build `Transformer(cfg)` on the meta device and run it under `FlopCounterMode`.
 
     Meta tensors have shapes but no storage: even the largest preset costs no memory and no

@@ -1,0 +1,125 @@
+"""`python -m mlsys`: the book's napkin math from the command line.
+
+    python -m mlsys napkin --preset xl --gpu H100 --batch 8 --seq 1024
+    python -m mlsys napkin --preset 2.7B --gpu a100 --batch 4 --seq 1024 --devices 8 --mfu 0.5
+
+`napkin` prints `mlsys.accounting.napkin.napkin(...)`: parameters, model-state memory against HBM
+(replicated and sharded over --devices), FLOPs per token and per step, the main kernels on the
+roofline, and the step time at --mfu. Bad arguments end with a one-line error and exit status 2.
+Pure arithmetic: no torch import, no device. Recording GPU measurements is a separate entry
+point, `python -m mlsys.experiments`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from mlsys import checks, dtypes, hardware
+from mlsys.accounting import memory
+from mlsys.accounting.napkin import napkin
+from mlsys.models.config import PRESETS, TransformerConfig
+
+
+def _checked(convert: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse `type` whose errors read "argument --batch: batch must be ..." (exit 2)."""
+
+    def parse(text: str) -> Any:
+        try:
+            return convert(text)
+        except (TypeError, ValueError) as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    parse.__name__ = convert.__name__
+    return parse
+
+
+def _count(name: str) -> Callable[[str], int]:
+    def count(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise ValueError(f"{name} must be a positive integer, got {text!r}") from None
+        return checks.positive_int(value, name)
+
+    return _checked(count)
+
+
+def _mfu(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"mfu must be a number in (0, 1], got {text!r}") from None
+    return checks.fraction(value, "mfu")
+
+
+def _accelerator(text: str) -> str:
+    """The registry key of an accelerator name, case-insensitive ("H100" -> "h100")."""
+    hardware.get(text)  # unknown names list the known ones
+    return text.strip().lower()
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m mlsys",
+        description=__doc__.splitlines()[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    p = commands.add_parser(
+        "napkin", help="one model on one accelerator: memory, FLOPs, kernels, step time"
+    )
+    p.add_argument("--preset", required=True, choices=list(PRESETS), help="model size")
+    p.add_argument(
+        "--gpu", required=True, type=_checked(_accelerator), metavar="NAME",
+        help=f"accelerator, case-insensitive: {', '.join(hardware.ACCELERATORS)}",
+    )  # fmt: skip
+    p.add_argument("--batch", required=True, type=_count("batch"), help="sequences per device")
+    p.add_argument("--seq", required=True, type=_count("seq"), help="tokens per sequence")
+    p.add_argument("--mfu", type=_checked(_mfu), default=0.4, help="assumed MFU (default 0.4)")
+    p.add_argument(
+        "--recipe", default="bf16_mixed_adamw", choices=list(memory.RECIPES), metavar="NAME",
+        help=f"bytes per parameter of the model states: {', '.join(memory.RECIPES)} "
+        "(default bf16_mixed_adamw)",
+    )  # fmt: skip
+    p.add_argument(
+        "--devices", type=_count("devices"), default=1, metavar="N",
+        help="devices: data parallel, states replicated or sharded over them (default 1)",
+    )  # fmt: skip
+    p.add_argument(
+        "--dtype", type=_checked(dtypes.canonical), default="bf16",
+        help="dtype of weights, activations and the peak FLOP/s (default bf16)",
+    )  # fmt: skip
+    p.set_defaults(run=_napkin, command_parser=p)
+    return parser
+
+
+def _napkin(args: argparse.Namespace) -> list[str]:
+    summary = napkin(
+        TransformerConfig.preset(args.preset), args.gpu, batch=args.batch, seq=args.seq,
+        mfu=args.mfu, recipe=args.recipe, n_devices=args.devices, dtype=args.dtype,
+        name=args.preset,
+    )  # fmt: skip
+    return summary.lines()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse `argv`, run the command and print its lines; bad input exits 2 via `parser.error`."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        lines = args.run(args)
+    except (TypeError, ValueError) as error:  # rules that involve several arguments
+        args.command_parser.error(str(error))
+    try:
+        print("\n".join(lines), flush=True)
+    except BrokenPipeError:  # the reader stopped early (`| head`): not an error, no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # as the Python docs advise
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

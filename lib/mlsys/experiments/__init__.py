@@ -1,0 +1,149 @@
+"""Every heavy measurement of the book as a function: sizes in, rows out.
+
+A chapter calls an experiment with its profile's sizes and shows the rows it gets back (the reader's
+own machine, live); `python -m mlsys.experiments` calls the same function with GPU sizes on a GPU
+and writes the rows as a record under `results/<device>/<name>.json`; the chapter then shows that
+record beside the live run through the same table and plot functions. One code path, so a recorded
+GPU figure and the reader's CPU figure mean the same thing.
+
+Each module `mlsys.experiments.<name>` defines `EXPERIMENT` (an `Experiment`: its chapter, sizes per
+profile, expected GPU duration and `run`), a `Sizes` dataclass and the functions that read its rows
+(tables, plots, verdicts). Rows are JSON-ready dicts; timings are stored with every sample so a
+verdict can be recomputed from a record. Nothing runs at import.
+Used in: every measuring chapter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import shlex
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mlsys import bench, checks, env, results
+
+NAMES = (
+    "dot_accumulation",
+    "training_memory",
+    "train_step",
+    "roofline_ops",
+    "elementwise_fusion",
+    "op_overhead",
+    "fused_kernels",
+)
+"""Every experiment, in chapter order (each is the module `mlsys.experiments.<name>`)."""
+
+CHUNK_S = 8 * 60
+"""`--chunk` groups experiments so that each group runs within this many seconds on one H100."""
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """One measurement: what it is, who reads it, how big it runs, and the function that runs it."""
+
+    name: str
+    chapter: str  # the notebook (stem) that shows its live run and its records
+    description: str
+    gpu_seconds: float  # expected duration of the GPU-size run on one H100
+    sizes: Mapping[str, Any]  # profile ("smoke", "cpu", "gpu") -> the module's Sizes
+    run: Callable[..., list[dict[str, Any]]]  # run(sizes) -> rows
+
+    def sizes_for(self, profile: str | None = None) -> Any:
+        """The sizes of `profile` (default: this machine's, `mlsys.env.profile()`)."""
+        return self.sizes[checks.choice(profile or env.profile(), "profile", env.PROFILES)]
+
+
+def get(name: str) -> Experiment:
+    """The experiment called `name` (imports its module)."""
+    checks.choice(name, "name", NAMES)
+    return importlib.import_module(f"mlsys.experiments.{name}").EXPERIMENT
+
+
+def recorded(name: str) -> list[dict[str, Any]]:
+    """Every recorded GPU run of experiment `name` under `results/`, validated ([] if none)."""
+    checks.choice(name, "name", NAMES)
+    return results.load_records(name)
+
+
+def chunks(names: tuple[str, ...] = NAMES, *, max_s: float = CHUNK_S) -> list[list[str]]:
+    """Experiments packed in order into groups whose expected GPU time stays within `max_s`."""
+    groups: list[list[str]] = [[]]
+    total = 0.0
+    for name in names:
+        seconds = get(name).gpu_seconds
+        if groups[-1] and total + seconds > max_s:
+            groups.append([])
+            total = 0.0
+        groups[-1].append(name)
+        total += seconds
+    return groups
+
+
+# --- rows: timings in, timings out ----------------------------------------------------------------
+
+
+def timing_fields(timing: bench.Timing) -> dict[str, Any]:
+    """The JSON fields of a timing: median, p20, p80 and every sample (seconds)."""
+    return {"median_s": timing.median_s, "p20_s": timing.p20_s, "p80_s": timing.p80_s,
+            "samples_s": list(timing.samples_s)}
+
+
+def timing_of(row: Mapping[str, Any]) -> bench.Timing:
+    """The timing stored in a row by `timing_fields` (so verdicts can be recomputed from a
+    record)."""
+    return bench.Timing(samples_s=tuple(row["samples_s"]), warmup=0, device="recorded")
+
+
+# --- records --------------------------------------------------------------------------------------
+
+
+def record_of(
+    experiment: Experiment, rows: list[dict[str, Any]], sizes: Any, profile: str, argv: list[str]
+) -> dict:
+    """The record of one run: provenance (device, versions, date, commit, the command with its
+    arguments `argv`, sizes) and rows."""
+    provenance = bench.provenance()
+    provenance["command"] = shlex.join(["python", "-m", "mlsys.experiments", *argv])
+    provenance["profile"] = profile
+    provenance["sizes"] = dataclasses.asdict(sizes)
+    provenance["triton_interpreted"] = env.triton_interpreted()
+    record = {"experiment": experiment.name, "provenance": provenance, "results": rows}
+    results.validate_record(json.loads(json.dumps(record)), experiment=experiment.name)
+    return record
+
+
+def write(record: dict[str, Any], out_dir: Path | None = None) -> Path:
+    """Write a record under `out_dir` (default `results/`) as `<device-slug>/<experiment>.json`."""
+    root = results.RESULTS_DIR if out_dir is None else Path(out_dir)
+    device_dir = root / results.device_slug(record["provenance"]["device"])
+    path = device_dir / f"{record['experiment']}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    return path
+
+
+def provenance_line(record: Mapping[str, Any]) -> str:
+    """One line naming what produced a record: device, versions, date, commit and command."""
+    p = record["provenance"]
+    return (f"{p['device']} | torch {p['torch_version']} | triton {p['triton_version']} | "
+            f"CUDA {p['cuda_version']} | {p['date'][:10]} | commit {p['git_commit']} | "
+            f"$ {p['command']}")
+
+
+def no_record_text(name: str) -> str:
+    """What a page says where no GPU record of `name` exists yet, and how to make one."""
+    checks.choice(name, "name", NAMES)
+    return (f"No GPU record of `{name}` exists yet. On a machine with a CUDA GPU, "
+            f"`python -m mlsys.experiments {name}` writes `results/<device>/{name}.json`, "
+            "and this page then shows it here beside the live run.")
+
+
+def module(name: str) -> Any:
+    """The module of experiment `name`, whose functions read its rows (`table`, `plot`,
+    verdicts)."""
+    checks.choice(name, "name", NAMES)
+    return importlib.import_module(f"mlsys.experiments.{name}")

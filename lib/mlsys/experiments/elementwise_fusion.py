@@ -1,0 +1,321 @@
+"""Fusion, measured: k fma steps per element, fused or eager, and `x.cos().cos()` in one kernel or
+two.
+
+The k-sweep walks one kernel along the roofline: `repeat_unary(x, k, "fma")` reads each element
+once, applies y <- a*y + b k times in registers and writes once (2k FLOPs for 2b bytes), so it is
+memory-bound for small k and compute-bound for large k. The eager chain (`repeat_unary_ref`, k
+separate ops) makes k round trips through memory at every k. "Fused" is the Triton kernel on a GPU
+and `torch.compile` of the chain on a CPU (inductor fuses it into one loop); the smoke profile does
+not compile, and then only the eager half runs.
+
+The two roofs are measured in the same interleaved run, independently of the sweep they judge: the
+copy bandwidth (`mlsys.probes.copy_probe`) and the vector roof, the fused chain at a large k on a
+tensor small enough to stay in cache, so that memory is out of the way (never a roof fitted from
+the sweep itself). On a GPU the spec's fp32 CUDA-core peak is shown beside it.
+Used in: §sec-bytes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from mlsys import bench, env, hardware, roofline
+from mlsys.book import Table, compare_speed, num, verdict
+from mlsys.experiments import Experiment, timing_fields
+from mlsys.probes import Probe, copy_probe
+
+
+@dataclass(frozen=True)
+class Sizes:
+    numel: int  # fp32 elements of the sweep and of cos(cos(x)): far above the last-level cache
+    ks: tuple[int, ...]  # fma steps per element
+    copy_bytes: int
+    roof_numel: int  # elements of the vector-roof probe: small enough to stay in cache
+    roof_k: int  # fma steps of the vector-roof probe: far into the compute-bound regime
+    fuse: bool  # time a fused version (Triton on a GPU, torch.compile on a CPU)
+    warmup: int
+    repeats: int
+    attempts: int
+
+
+SIZES = {
+    "smoke": Sizes(2**24, (1, 2, 4, 8), 2**27, 2**15, 128, False, 1, 5, 2),
+    "cpu": Sizes(2**24, (1, 2, 4, 8, 16, 32, 64), 2**28, 2**15, 256, True, 2, 7, 3),
+    "gpu": Sizes(2**26, (1, 2, 4, 8, 16, 32, 64, 128, 256, 512), 2**31, 2**20, 1024, True,
+                 5, 20, 3),
+}
+DTYPE = "fp32"  # fma in fp32 arithmetic: the vector units' fp32 rate is the compute roof
+
+
+def _fused_chain(k: int, device: str):
+    """One fused kernel for the k-step chain: Triton on a GPU, torch.compile elsewhere."""
+    from mlsys.kernels import elementwise
+
+    if device == "cuda":
+        return lambda t: elementwise.repeat_unary(t, k, "fma")
+    torch._dynamo.reset()  # k is baked into the unrolled chain: a fresh graph per k
+    return torch.compile(lambda t: elementwise.repeat_unary_ref(t, k, "fma"), dynamic=False)
+
+
+def _cos_cos(t: torch.Tensor) -> torch.Tensor:
+    return t.cos().cos()
+
+
+def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
+    """Measure the sweep, cos(cos(x)) and both roofs, interleaved, until consistent."""
+    from mlsys.kernels import elementwise
+
+    device = device or env.device()
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(s.numel, generator=gen).to(device)
+    impl = ("triton" if device == "cuda" else "torch.compile") if s.fuse else None
+    probes: dict[str, Probe] = {}
+    copy = copy_probe(s.copy_bytes, device=device)
+    probes[copy.name] = copy
+    if impl is not None:
+        small = torch.randn(s.roof_numel, generator=gen).to(device)
+        chain = _fused_chain(s.roof_k, device)
+        torch.testing.assert_close(chain(small),
+                                   elementwise.repeat_unary_ref(small, s.roof_k, "fma"))
+        name = (f"vector roof: fused chain, k = {s.roof_k}, "
+                f"{s.roof_numel:,} elements (in cache)")
+        probes[name] = Probe(name, lambda: chain(small),
+                             elementwise.repeat_unary_flops(s.roof_numel, s.roof_k), "flop")
+    fns = {name: p.fn for name, p in probes.items()}
+    sweep = []  # (name, impl, k)
+    for k in s.ks:
+        fns[f"eager k={k}"] = lambda k=k: elementwise.repeat_unary_ref(x, k, "fma")
+        sweep.append((f"eager k={k}", "eager", k))
+        if impl is not None:
+            fused = _fused_chain(k, device)
+            torch.testing.assert_close(fused(x), elementwise.repeat_unary_ref(x, k, "fma"))
+            fns[f"fused k={k}"] = lambda fused=fused: fused(x)
+            sweep.append((f"fused k={k}", impl, k))
+    cos = {"eager x.cos().cos() (2 ops)": ("eager", lambda: _cos_cos(x)),
+           "eager x.cos() (1 op, for scale)": ("eager, one op", lambda: x.cos())}
+    if impl == "torch.compile":
+        torch._dynamo.reset()
+        compiled = torch.compile(_cos_cos, dynamic=False)
+        torch.testing.assert_close(compiled(x), _cos_cos(x))
+        cos["torch.compile (1 fused kernel)"] = ("fused", lambda: compiled(x))
+    if impl == "triton":
+        torch.testing.assert_close(elementwise.repeat_unary(x, 2, "cos"), _cos_cos(x))
+        cos["Triton repeat_unary(x, 2, 'cos')"] = ("fused",
+                                                   lambda: elementwise.repeat_unary(x, 2, "cos"))
+    fns.update({name: fn for name, (_, fn) in cos.items()})
+    n_bytes = elementwise.repeat_unary_bytes(s.numel, DTYPE)
+
+    def check(timings: dict[str, bench.Timing]) -> list[str]:
+        problems = bench.noise_problems(timings)
+        roof = _roof(timings, probes)
+        if roof is not None:
+            points = [(name, elementwise.repeat_unary_flops(s.numel, k),
+                       n_bytes * (k if kind == "eager" else 1), timings[name].median_s)
+                      for name, kind, k in sweep]
+            problems += roofline.roof_problems(points, roof)
+        return problems
+
+    time = dict(warmup=s.warmup, repeats=s.repeats, device=device, min_sample_s=bench.MIN_SAMPLE_S)
+    timings, consistency = bench.measure_consistently(fns, check, attempts=s.attempts, **time)
+    rows = [{"kind": "probe", "name": n, "unit": p.unit, "work": p.work,
+             **timing_fields(timings[n])}
+            for n, p in probes.items()]
+    rows += [{"kind": "sweep", "name": name, "impl": kind, "k": k, "numel": s.numel,
+              "flops": elementwise.repeat_unary_flops(s.numel, k),
+              "bytes": (elementwise.eager_chain_bytes(s.numel, DTYPE, k) if kind == "eager"
+                        else n_bytes),
+              **timing_fields(timings[name])} for name, kind, k in sweep]
+    rows += [{"kind": "cos", "name": name, "impl": kind, "numel": s.numel,
+              **timing_fields(timings[name])}
+             for name, (kind, _) in cos.items()]
+    rows.append({"kind": "consistency", "problems": list(consistency.problems),
+                 "attempts": consistency.attempts, "fused_impl": impl})
+    return rows
+
+
+def _roof(timings: dict[str, bench.Timing], probes: dict[str, Probe]) -> roofline.Ceilings | None:
+    bw = max(p.rate(timings[n].median_s) for n, p in probes.items() if p.unit == "bytes")
+    flop = [p.rate(timings[n].median_s) for n, p in probes.items() if p.unit == "flop"]
+    return roofline.Ceilings(max(flop), bw, "fused elementwise") if flop else None
+
+
+# --- reading the rows (live or recorded) ----------------------------------------------------------
+
+
+def consistency(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return next(r for r in rows if r["kind"] == "consistency")
+
+
+def ceilings(rows: list[dict[str, Any]]) -> roofline.Ceilings | None:
+    """Copy bandwidth and the in-cache vector roof of the run; None when nothing was fused."""
+    probes = [r for r in rows if r["kind"] == "probe"]
+    bw = max(r["work"] / r["median_s"] for r in probes if r["unit"] == "bytes")
+    flop = [r["work"] / r["median_s"] for r in probes if r["unit"] == "flop"]
+    return roofline.Ceilings(max(flop), bw, "measured") if flop else None
+
+
+def copy_bandwidth(rows: list[dict[str, Any]]) -> float:
+    return max(r["work"] / r["median_s"]
+               for r in rows if r["kind"] == "probe" and r["unit"] == "bytes")
+
+
+def sweep(rows: list[dict[str, Any]], impl: str) -> list[dict[str, Any]]:
+    """The sweep rows of one implementation ("eager", "triton", "torch.compile"), by k."""
+    return sorted((r for r in rows if r["kind"] == "sweep" and r["impl"] == impl),
+                  key=lambda r: r["k"])
+
+
+def predicted_s(row: dict[str, Any], roof: roofline.Ceilings) -> float:
+    """Roofline time of a sweep row; the eager chain is k ops of one FMA step each."""
+    if row["impl"] == "eager":
+        per_op = roofline.estimate(row["flops"] / row["k"], row["bytes"] / row["k"], roof)
+        return row["k"] * per_op.time_s
+    return roofline.estimate(row["flops"], row["bytes"], roof).time_s
+
+
+def ridge_k(rows: list[dict[str, Any]]) -> float | None:
+    """k* = b * P_vector / beta: where the fused kernel's intensity k / b reaches the ridge."""
+    roof = ceilings(rows)
+    return None if roof is None else 4 * roof.ridge_intensity
+
+
+def table(rows: list[dict[str, Any]]) -> Table:
+    roof = ceilings(rows)
+    fused_impl = consistency(rows)["fused_impl"]
+    fused = {r["k"]: r for r in sweep(rows, fused_impl)} if fused_impl else {}
+    out = []
+    for e in sweep(rows, "eager"):
+        k = e["k"]
+        f = fused.get(k)
+        cells = [k, f"{k / 4:.3g}"]
+        if f is not None and roof is not None:
+            cells += [roofline.estimate(f["flops"], f["bytes"], roof).bound,
+                      num(1e3 * predicted_s(f, roof)), num(1e3 * f["median_s"]),
+                      num(f["flops"] / f["median_s"] / 1e9)]
+        else:
+            cells += ["-", "-", "not run", "-"]
+        cells += [num(1e3 * e["median_s"]), num(e["flops"] / e["median_s"] / 1e9),
+                  num(e["bytes"] / e["median_s"] / 1e9)]
+        out.append(cells)
+    return Table(["k", "I fused (FLOP/B)", "fused: bound", "fused predicted ms",
+                  "fused measured ms", "fused GFLOP/s", "eager measured ms", "eager GFLOP/s",
+                  "eager GB/s"], out)
+
+
+def cos_table(rows: list[dict[str, Any]]) -> Table:
+    cos = [r for r in rows if r["kind"] == "cos"]
+    eager = next(r for r in cos if r["impl"] == "eager")
+    return Table(["implementation", "measured ms", "p20 – p80", "eager / this"],
+                 [[r["name"], num(1e3 * r["median_s"]),
+                   f"{num(1e3 * r['p20_s'])} – {num(1e3 * r['p80_s'])}",
+                   f"{eager['median_s'] / r['median_s']:.2f}"] for r in cos])
+
+
+def sweep_verdict(rows: list[dict[str, Any]]) -> str:
+    """How the eager chain's time grew with k and, when one ran, where the fused kernel turned
+    compute-bound and how it compares with the eager chain: computed from the numbers."""
+    c = consistency(rows)
+    eager = {r["k"]: r for r in sweep(rows, "eager")}
+    k0, k1 = min(eager), max(eager)
+    growth = eager[k1]["median_s"] / eager[k0]["median_s"]
+    rates = [r["flops"] / r["median_s"] / 1e9 for r in eager.values()]
+    eager_text = (f"the eager chain's time grew {growth:.1f}x from k = {k0} to k = {k1} (its "
+                  f"{k1 // k0}x round trips predict {k1 / k0:.0f}x), at {min(rates):.2g} to "
+                  f"{max(rates):.2g} GFLOP/s")
+    roof = ceilings(rows)
+    if roof is None:
+        none = ("; no fused version was timed in this profile (the smoke profile does not compile, "
+                "and Triton is timed only on a GPU)")
+        return verdict(eager_text + none, c["problems"])
+    fused = sweep(rows, c["fused_impl"])
+    flat = [r["k"] for r in fused if r["median_s"] <= 1.5 * fused[0]["median_s"]]
+    last = fused[-1]
+    speed = compare_speed("the fused kernel", last["median_s"],
+                          "the eager chain", eager[last["k"]]["median_s"])
+    text = (f"the fused kernel's time stays within 1.5x of its k = {fused[0]['k']} time "
+            f"up to k = {max(flat)} (predicted turn: k* = {ridge_k(rows):.0f}), "
+            f"and at k = {last['k']} {speed}; {eager_text}")
+    return verdict(text, c["problems"])
+
+
+def cos_verdict(rows: list[dict[str, Any]]) -> str:
+    """Fused cos(cos(x)) against the eager pair, read against the byte ratio of 2."""
+    c = consistency(rows)
+    cos = [r for r in rows if r["kind"] == "cos"]
+    eager = next(r for r in cos if r["impl"] == "eager")
+    fused = [r for r in cos if r["impl"] == "fused"]
+    # two round trips of 4-byte floats
+    predicted_eager_s = 4 * eager["numel"] * 4 / copy_bandwidth(rows)
+    eager_slowdown = eager["median_s"] / predicted_eager_s
+    if not fused:
+        return ("no fused version was timed in this profile; the eager pair took "
+                f"{eager_slowdown:.1f}x the time its bytes need at the copy bandwidth")
+    best = min(fused, key=lambda r: r["median_s"])
+    ratio = eager["median_s"] / best["median_s"]
+    if ratio < 1 / 1.1:
+        why = ("the fused kernel is slower than eager: here the time is set by how each version "
+               "computes cos, not by the bytes they move")
+    elif ratio < 2 / 1.5:
+        why = ("less than the byte ratio of 2: the cosine's arithmetic, not memory, sets much of "
+               f"the time (the eager pair took {eager_slowdown:.1f}x what its bytes need)")
+    elif ratio <= 2 * 1.5:
+        why = "close to the byte ratio of 2: the ops are memory-bound here, so time follows bytes"
+    else:
+        why = ("more than the bytes explain: the eager ops were not memory-bound "
+               f"({eager_slowdown:.1f}x what their bytes need) and the fused code also "
+               "computes cos faster")
+    speed = compare_speed(best["name"], best["median_s"], "the eager pair", eager["median_s"])
+    text = f"{speed}: {why}"
+    return verdict(text, c["problems"])
+
+
+def plot(rows: list[dict[str, Any]], axes, *,
+         accelerator: hardware.Accelerator | None = None) -> None:
+    """Achieved FLOP/s and bytes/s against k: measured, predicted, and the two roofs."""
+    from mlsys.plotting import COLORS, finish
+
+    ax1, ax2 = axes
+    roof = ceilings(rows)
+    impl = consistency(rows)["fused_impl"]
+    eager = sweep(rows, "eager")
+    ks = [r["k"] for r in eager]
+    ax1.plot(ks, [r["flops"] / r["median_s"] for r in eager], "s--", color=COLORS["measured"],
+             mfc="none", label="eager chain, measured")
+    if roof is not None:
+        fused = sweep(rows, impl)
+        ax1.plot(ks, [r["flops"] / predicted_s(r, roof) for r in fused], "-",
+                 color=COLORS["predicted"], label="fused, predicted")
+        ax1.plot(ks, [r["flops"] / predicted_s(r, roof) for r in eager], "--",
+                 color=COLORS["predicted"], label="eager, predicted")
+        ax1.plot(ks, [r["flops"] / r["median_s"] for r in fused], "o-", color=COLORS["measured"],
+                 label=f"fused ({impl}), measured")
+        ax1.axhline(roof.flop_per_s, color=COLORS["ceiling"], lw=1,
+                    label="vector roof (in-cache probe)")
+        ax1.axvline(ridge_k(rows), color=COLORS["muted"], ls=":", lw=1)
+        ax2.plot(ks, [r["bytes"] / r["median_s"] for r in fused], "o-", color=COLORS["measured"],
+                 label=f"fused ({impl}), measured")
+    if accelerator is not None:
+        ax1.axhline(accelerator.peak_flop_per_s("fp32"), color=COLORS["muted"], lw=1, ls="--",
+                    label=f"{accelerator.name} fp32 peak (spec)")
+    ax2.plot(ks, [r["bytes"] / r["median_s"] for r in eager], "s--", color=COLORS["measured"],
+             mfc="none", label="eager chain, measured (its own bytes)")
+    ax2.axhline(copy_bandwidth(rows), color=COLORS["ceiling"], lw=1, label="copy bandwidth (probe)")
+    finish(ax1, title="Achieved FLOP/s against k", xlabel="k (fma steps per element)",
+           ylabel="FLOP/s", logx=2, logy=True)
+    finish(ax2, title="Achieved bytes/s against k", xlabel="k (fma steps per element)",
+           ylabel="bytes/s", logx=2, logy=True)
+    for ax in axes:
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2)
+
+
+EXPERIMENT = Experiment(
+    name="elementwise_fusion",
+    chapter="04_bytes",
+    description="k fma steps per element, fused vs eager, and cos(cos(x)); roofs probed alongside",
+    gpu_seconds=60,
+    sizes=SIZES,
+    run=run,
+)

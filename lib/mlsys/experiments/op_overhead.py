@@ -1,0 +1,273 @@
+"""The overhead regime: when an op's size stops mattering, and what removes the per-op cost.
+
+`x.mul_(1.0)` (read and write n fp32 elements, in place) is timed `ops_per_call` times back to back
+per sample at sizes n and 2n, from one element up, with n and 2n interleaved with each other and
+with the copy-bandwidth probe, so a change of load affects all alike. The model is
+T(n) = T0 + 8n / beta, T0 the per-op overhead (the median of the smallest sizes) and beta the copy
+bandwidth measured in the same run; doubling n barely changes T while 8n / beta << T0.
+Remedies, on a chain of small fma ops: bigger ops, `torch.compile` (one fused kernel), and on a GPU
+a CUDA graph (the launches recorded once and replayed with one call).
+Used in: §sec-bytes.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from mlsys import bench, env, roofline
+from mlsys.book import Table, compare_speed, num, verdict
+from mlsys.experiments import Experiment, timing_fields
+from mlsys.probes import copy_probe, op_overhead_probe
+
+
+@dataclass(frozen=True)
+class Sizes:
+    sizes: tuple[int, ...]  # n, fp32 elements (each also timed at 2n)
+    ops_per_call: int  # ops per timed sample: spreads the timer's cost over many ops
+    copy_bytes: int
+    chain_len: int  # ops in the small chain of the remedies
+    chain_numel: int  # its elements
+    big_factor: int  # "bigger ops": the same chain on this many times the elements
+    compile: bool  # time torch.compile of the chain (costs ~10-25 s cold on a CPU)
+    warmup: int
+    repeats: int
+    attempts: int
+
+
+SIZES = {
+    "smoke": Sizes(tuple(4**i for i in range(13)), 20, 2**27, 10, 4096, 64, False, 2, 7, 2),
+    "cpu": Sizes(tuple(4**i for i in range(13)), 20, 2**28, 10, 4096, 64, True, 3, 11, 3),
+    "gpu": Sizes(tuple(4**i for i in range(15)), 20, 2**31, 10, 4096, 64, True, 5, 21, 3),
+}
+SMALLEST = 4
+"""T0 is the median time per op of the `SMALLEST` smallest sizes."""
+
+
+def _chain(t: torch.Tensor, k: int) -> torch.Tensor:
+    from mlsys.kernels import elementwise
+
+    return elementwise.repeat_unary_ref(t, k, "fma")
+
+
+def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
+    """Measure the size sweep with its copy probe, then the remedies."""
+    device = device or env.device()
+    copy = copy_probe(s.copy_bytes, device=device)
+    probes = {n: (op_overhead_probe(n, ops_per_call=s.ops_per_call, device=device),
+                  op_overhead_probe(2 * n, ops_per_call=s.ops_per_call, device=device))
+              for n in s.sizes}
+    fns = {copy.name: copy.fn}
+    for n, (p_n, p_2n) in probes.items():
+        fns[f"n={n}"], fns[f"2n={n}"] = p_n.fn, p_2n.fn
+    time = dict(warmup=s.warmup, repeats=s.repeats, device=device, min_sample_s=bench.MIN_SAMPLE_S)
+    # The verdict reads the probe, the smallest sizes (T0) and the largest pair: those must be
+    # steady. Sizes in between cross the caches and are shown, not judged.
+    judged = [copy.name, *(f"n={n}" for n in s.sizes[:SMALLEST]),
+              f"n={s.sizes[-1]}", f"2n={s.sizes[-1]}"]
+
+    def check(timings: dict[str, bench.Timing]) -> list[str]:
+        return bench.noise_problems({name: timings[name] for name in judged})
+
+    timings, consistency = bench.measure_consistently(fns, check, attempts=s.attempts, **time)
+    rows = [{"kind": "probe", "name": copy.name, "unit": "bytes", "work": copy.work,
+             **timing_fields(timings[copy.name])}]
+    for n in s.sizes:
+        for label, size in ((f"n={n}", n), (f"2n={n}", 2 * n)):
+            t = timings[label]
+            rows.append({"kind": "size", "n": size, "of": n,
+                         "per_op_s": t.median_s / s.ops_per_call, **timing_fields(t)})
+    rows += _remedies(s, device, time)
+    rows.append({"kind": "consistency", "problems": list(consistency.problems),
+                 "attempts": consistency.attempts, "ops_per_call": s.ops_per_call})
+    return rows
+
+
+def _remedies(s: Sizes, device: str, time: dict) -> list[dict[str, Any]]:
+    gen = torch.Generator().manual_seed(0)
+    small = torch.randn(s.chain_numel, generator=gen).to(device)
+    big = torch.randn(s.chain_numel * s.big_factor, generator=gen).to(device)
+    fns = {f"eager, {s.chain_len} ops on {s.chain_numel:,} elements":
+               (s.chain_numel, lambda: _chain(small, s.chain_len)),
+           f"bigger ops: eager, {s.chain_len} ops on {s.big_factor}x the elements":
+               (s.chain_numel * s.big_factor, lambda: _chain(big, s.chain_len))}
+    notes = {}
+    if s.compile:
+        torch._dynamo.reset()
+        compiled = torch.compile(lambda t: _chain(t, s.chain_len), dynamic=False)
+        torch.testing.assert_close(compiled(small), _chain(small, s.chain_len))
+        fns["torch.compile: one fused kernel"] = (s.chain_numel, lambda: compiled(small))
+    else:
+        notes["torch.compile: one fused kernel"] = ("not run in this profile "
+                                                    "(compiling costs ~10-25 s on a CPU)")
+    if device == "cuda":
+        graph, replay = _cuda_graph(small, s.chain_len)
+        if graph is None:
+            notes["CUDA graph: the eager chain, replayed"] = f"capture failed: {replay}"
+        else:
+            fns["CUDA graph: the eager chain, replayed"] = (s.chain_numel, replay)
+    else:
+        notes["CUDA graph: the eager chain, replayed"] = "needs a CUDA GPU"
+    calls = {name: fn for name, (_, fn) in fns.items()}
+    timings, consistency = bench.measure_consistently(calls, bench.noise_problems,
+                                                      attempts=s.attempts, **time)
+    rows = [{"kind": "remedy", "name": name, "numel": n, "chain_len": s.chain_len,
+             **timing_fields(timings[name])}
+            for name, (n, _) in fns.items()]
+    rows += [{"kind": "remedy", "name": name, "note": note} for name, note in notes.items()]
+    return rows + [{"kind": "remedy consistency", "problems": list(consistency.problems),
+                    "attempts": consistency.attempts}]
+
+
+def _cuda_graph(x: torch.Tensor, k: int):
+    """(graph, replay) of the eager chain captured as a CUDA graph, or (None, the error)."""
+    try:
+        static_x = x.clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        # warm up on a side stream before capture, as the CUDA docs advise
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                _chain(static_x, k)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_y = _chain(static_x, k)
+        graph.replay()
+        torch.testing.assert_close(static_y, _chain(static_x, k))
+        return graph, graph.replay
+    except RuntimeError as err:  # reported in the rows, never hidden
+        return None, str(err)
+
+
+# --- reading the rows (live or recorded) ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Model:
+    """T(n) = overhead_s + 8 n / bytes_per_s, from the smallest sizes and the copy probe of the
+    run."""
+
+    overhead_s: float
+    bytes_per_s: float
+
+    def time_s(self, n: int) -> float:
+        return roofline.overhead_time_s(8 * n, self.overhead_s, self.bytes_per_s)
+
+    @property
+    def flat_n(self) -> float:
+        """Where moving the bytes takes as long as the overhead: n = T0 * beta / 8."""
+        return self.overhead_s * self.bytes_per_s / 8
+
+
+def per_op(rows: list[dict[str, Any]]) -> dict[int, float]:
+    """Median seconds per op at each n and 2n."""
+    return {r["n"]: r["per_op_s"] for r in rows if r["kind"] == "size"}
+
+
+def model(rows: list[dict[str, Any]]) -> Model:
+    sizes = sorted({r["of"] for r in rows if r["kind"] == "size"})
+    t = per_op(rows)
+    bw = next(r["work"] / r["median_s"] for r in rows if r["kind"] == "probe")
+    return Model(statistics.median(t[n] for n in sizes[:SMALLEST]), bw)
+
+
+def doubling(rows: list[dict[str, Any]]) -> dict[int, float]:
+    """T(2n) / T(n) at each n of the sweep."""
+    t = per_op(rows)
+    return {r["of"]: t[2 * r["of"]] / t[r["of"]]
+            for r in rows if r["kind"] == "size" and r["n"] == r["of"]}
+
+
+def table(rows: list[dict[str, Any]]) -> Table:
+    m, t, d = model(rows), per_op(rows), doubling(rows)
+    return Table(["n (fp32 elements)", "measured µs / op", "model µs / op", "T(2n) / T(n) measured",
+                  "T(2n) / T(n) model"],
+                 [[f"{n:,}", num(t[n] * 1e6), num(m.time_s(n) * 1e6), f"{d[n]:.2f}",
+                   f"{m.time_s(2 * n) / m.time_s(n):.2f}"] for n in d])
+
+
+def remedy_table(rows: list[dict[str, Any]]) -> Table:
+    remedies = [r for r in rows if r["kind"] == "remedy"]
+    base = remedies[0]["median_s"]
+    out = []
+    for r in remedies:
+        if "note" in r:
+            out.append([r["name"], r["note"], "-", "-"])
+        else:
+            out.append([r["name"], num(r["median_s"] * 1e6),
+                        num(r["median_s"] / (r["chain_len"] * r["numel"]) * 1e9),
+                        f"{base / r['median_s']:.2f}"])
+    return Table(["version", "µs per chain", "ns per element-op", "speed-up over eager"], out)
+
+
+def verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
+    """The doubling test and the remedies, in words computed from the numbers."""
+    c = next(r for r in rows if r["kind"] == "consistency")
+    m, d = model(rows), doubling(rows)
+    small = [n for n in d if m.time_s(n) < 2 * m.overhead_s]
+    flat = [n for n in d if d[n] < 1.25]
+    largest = max(d)
+    doubling_text = (f"below about {m.flat_n:,.0f} elements an op costs its overhead, "
+                     f"{m.overhead_s * 1e6:.2f} µs: doubling n changed the time by at most "
+                     f"{max((d[n] for n in small), default=1):.2f}x there "
+                     f"(flat up to n = {max(flat, default=0):,}), while at n = {largest:,} "
+                     f"doubling costs {d[largest]:.2f}x")
+    t = per_op(rows)
+    middle = [n for n in d if m.flat_n < n < largest]
+    if middle:
+        fastest = min(middle, key=lambda n: t[n] / m.time_s(n))
+        ratio = t[fastest] / m.time_s(fastest)
+        doubling_text += (f"; in between the measurement falls to {ratio:.2f}x the model (at n = "
+                          f"{fastest:,}), " + ("faster than the DRAM bandwidth allows: the data "
+                          "fits in a cache" if ratio < 0.7 else "close to it"))
+    remedies = [r for r in rows if r["kind"] == "remedy" and "median_s" in r]
+    remedy_problems = next(r for r in rows if r["kind"] == "remedy consistency")["problems"]
+    base = remedies[0]
+    parts = [compare_speed(r["name"].split(":")[0], r["median_s"], "the eager chain",
+                           base["median_s"])
+             for r in remedies[2:]]
+    big = remedies[1]
+    remedy_text = (f"{big['numel'] // base['numel']}x the data took "
+                   f"{big['median_s'] / base['median_s']:.1f}x the time"
+                   + (f"; {'; '.join(parts)}" if parts else
+                      "; neither torch.compile nor a CUDA graph ran in this profile"))
+    return {"doubling": verdict(doubling_text, c["problems"]),
+            "remedies": verdict(remedy_text, remedy_problems)}
+
+
+def plot(rows: list[dict[str, Any]], axes) -> None:
+    from mlsys.plotting import COLORS, finish
+
+    ax1, ax2 = axes
+    m, t, d = model(rows), per_op(rows), doubling(rows)
+    ns = list(d)
+    ax1.plot(ns, [t[n] * 1e6 for n in ns], "o-", color=COLORS["measured"], label="measured")
+    ax1.plot(ns, [m.time_s(n) * 1e6 for n in ns], "-", color=COLORS["predicted"],
+             label=r"model $T_0 + 8n/\beta$ (measured $T_0$, $\beta$)")
+    ax1.axhline(m.overhead_s * 1e6, color=COLORS["ceiling"], lw=1, ls=":",
+                label="per-op overhead $T_0$")
+    ax1.axvline(m.flat_n, color=COLORS["muted"], lw=1, ls=":")
+    finish(ax1, title="Time per op against size", xlabel="n (fp32 elements)", ylabel="µs per op",
+           logx=2, logy=True)
+    ax2.plot(ns, [d[n] for n in ns], "o-", color=COLORS["measured"], label="measured")
+    ax2.plot(ns, [m.time_s(2 * n) / m.time_s(n) for n in ns], "-", color=COLORS["predicted"],
+             label="model")
+    for level in (1, 2):
+        ax2.axhline(level, color=COLORS["muted"], lw=1)
+    finish(ax2, title="Double the size: T(2n) / T(n)", xlabel="n (fp32 elements)", ylabel="ratio",
+           logx=2)
+
+
+EXPERIMENT = Experiment(
+    name="op_overhead",
+    chapter="04_bytes",
+    description=("time per op from 1 element up (overhead regime); "
+                 "compile and CUDA graphs as remedies"),
+    gpu_seconds=60,
+    sizes=SIZES,
+    run=run,
+)

@@ -1,0 +1,399 @@
+"""What the memory allocator holds during training steps, per precision recipe, against the count.
+
+The book's model trains for a few steps per recipe (fp32 AdamW, pure bf16 AdamW, fp32 AdamW with
+bf16 autocast) and the allocator is read around every phase of every step (forward, backward,
+optimizer step, zero_grad): the bytes live when the phase ends and the peak during it. On a CUDA
+GPU that is `torch.cuda.memory_allocated()` / `max_memory_allocated()` (after
+`reset_peak_memory_stats`); on a CPU it is the allocation and free events of PyTorch's profiler
+(`profile_memory=True`), whose running sum is the live bytes at every moment. Both count from zero
+before the model is built. `mlsys.accounting.memory` predicts the model states (weights, gradients,
+optimizer moments); the allocator also sees what the count leaves out: the saved activations and
+logits at the peak, temporaries of the optimizer, buffers (RoPE tables), the token batch and
+AdamW's step counters. The forward pass's growth is checked against the tensors autograd saves for
+backward (counted with `torch.autograd.graph.saved_tensors_hooks`). Used in: §sec-tensors-memory.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import gc
+import itertools
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from mlsys import checks, env
+from mlsys.accounting import memory
+from mlsys.book import Table, num
+from mlsys.dtypes import torch_dtype
+from mlsys.experiments import Experiment
+from mlsys.models.config import PRESETS, TransformerConfig
+
+
+@dataclass(frozen=True)
+class Sizes:
+    preset: str  # the model (`TransformerConfig.preset`)
+    batch: int  # sequences per step
+    seq: int  # tokens per sequence (at most the preset's context_length)
+    steps: int = 2  # step 1 creates the optimizer state; step 2 is the steady state
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        checks.choice(self.preset, "preset", PRESETS)
+        checks.positive_ints(batch=self.batch, seq=self.seq, steps=self.steps)
+        if self.steps < 2:
+            raise ValueError(f"steps must be >= 2 (the second step is the steady state), "
+                             f"got {self.steps}")
+        context = TransformerConfig.preset(self.preset).context_length
+        if self.seq > context:
+            raise ValueError(f"seq ({self.seq}) exceeds the {self.preset} context_length "
+                             f"({context})")
+
+
+SIZES = {
+    "smoke": Sizes("debug", 2, 16),
+    "cpu": Sizes("debug", 8, 128),
+    "gpu": Sizes("small", 8, 512),
+}
+
+RUNS = {  # label -> (parameter dtype, autocast dtype or None, accounting recipe of its states)
+    "fp32 AdamW": ("fp32", None, "fp32_adamw"),
+    "pure bf16 AdamW": ("bf16", None, "bf16_pure_adamw"),
+    "fp32 AdamW + bf16 autocast": ("fp32", "bf16", "fp32_adamw"),
+}
+PHASES = ("forward", "backward", "optimizer step", "zero_grad")
+"""The phases of one step; before them, the phase "model" builds the model and the token batch."""
+SCALARS_BYTES = 64
+"""Slack between the forward pass's growth and the bytes it saves: the loss, a few 0-d tensors."""
+
+
+# --- reading the allocator ------------------------------------------------------------------
+
+
+class _CudaMeter:
+    """Live and peak bytes of the CUDA caching allocator around each phase, from a baseline."""
+
+    method = "torch.cuda.memory_allocated / max_memory_allocated"
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+        for dtype in (torch.float32, torch.bfloat16):  # cuBLAS handles and workspaces, made once
+            x = torch.ones(64, 64, device="cuda", dtype=dtype, requires_grad=True)
+            (x @ x).sum().backward()
+        del x
+        torch.cuda.synchronize()
+        self.base = torch.cuda.memory_allocated()
+
+    @contextlib.contextmanager
+    def phase(self, run: str, step: int, name: str) -> Iterator[None]:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        yield
+        torch.cuda.synchronize()
+        self.rows.append({"kind": "phase", "run": run, "step": step, "phase": name,
+                          "live_bytes": torch.cuda.memory_allocated() - self.base,
+                          "peak_bytes": torch.cuda.max_memory_allocated() - self.base})
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[None]:
+        yield
+
+
+class _ProfilerMeter:
+    """Live and peak bytes from the CPU profiler's allocation (+) and free (-) events."""
+
+    method = "torch.profiler memory events (profile_memory=True), CPU allocator"
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+        self._marks: list[tuple[str, int, str]] = []
+        os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # silences kineto's start/stop lines
+
+    def phase(self, run: str, step: int, name: str):
+        self._marks.append((run, step, name))
+        return torch.profiler.record_function(f"mlsys|{len(self._marks) - 1}")
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[None]:
+        first = len(self._marks)
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        with torch.profiler.profile(activities=activities, profile_memory=True) as prof:
+            yield
+        events = prof.profiler.kineto_results.events()
+        allocations = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
+        times = [t for t, _ in allocations]
+        live = list(itertools.accumulate(b for _, b in allocations))
+        ranges = {e.name(): (e.start_ns(), e.end_ns()) for e in events
+                  if e.name().startswith("mlsys|")}
+
+        def live_at(t: int) -> int:
+            i = bisect.bisect_right(times, t)
+            return live[i - 1] if i else 0
+
+        for i in range(first, len(self._marks)):
+            start, end = ranges[f"mlsys|{i}"]
+            during = live[bisect.bisect_left(times, start):bisect.bisect_right(times, end)]
+            run, step, name = self._marks[i]
+            self.rows.append({"kind": "phase", "run": run, "step": step, "phase": name,
+                              "live_bytes": live_at(end),
+                              "peak_bytes": max([live_at(start), *during])})
+
+
+class _SavedTensors:
+    """Bytes of the storages autograd saves for backward that did not exist before (once each)."""
+
+    def __init__(self, existing: list[torch.Tensor]) -> None:
+        self._existing = {t.untyped_storage()._cdata for t in existing}
+        self._saved: dict[int, int] = {}
+        self.hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        storage = t.untyped_storage()
+        if storage._cdata not in self._existing:
+            self._saved[storage._cdata] = storage.nbytes()
+        return t
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self._saved.values())
+
+
+def _nbytes(tensors) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _train(meter, label: str, s: Sizes, device: str) -> dict[str, Any]:
+    """Build the model and the batch, then `s.steps` training steps, each phase read by `meter`."""
+    from mlsys.models.train import next_token_loss
+    from mlsys.models.transformer import Transformer
+
+    param_dtype, autocast_dtype, recipe = RUNS[label]
+    cfg = TransformerConfig.preset(s.preset)
+    saved = []
+    with meter.recording():
+        with meter.phase(label, 0, "model"):
+            model = Transformer(cfg).to(device=device, dtype=torch_dtype(param_dtype))
+            model.init_weights(seed=s.seed)
+            optimizer = torch.optim.AdamW(model.parameters())
+            gen = torch.Generator().manual_seed(s.seed)
+            tokens = torch.randint(cfg.vocab_size, (s.batch, s.seq + 1), generator=gen).to(device)
+        low = torch_dtype(autocast_dtype or "bf16")
+        for step in range(1, s.steps + 1):
+            counter = _SavedTensors([*model.parameters(), *model.buffers(), tokens])
+            with meter.phase(label, step, "forward"), counter.hooks:
+                with torch.autocast(device, dtype=low, enabled=autocast_dtype is not None):
+                    loss = next_token_loss(model, tokens)
+            saved.append(counter.nbytes)
+            with meter.phase(label, step, "backward"):
+                loss.backward()
+                del loss
+            with meter.phase(label, step, "optimizer step"):
+                optimizer.step()
+            with meter.phase(label, step, "zero_grad"):
+                optimizer.zero_grad(set_to_none=True)
+    params = list(model.parameters())
+    row = {"kind": "run", "run": label, "recipe": recipe, "param_dtype": param_dtype,
+           "autocast": autocast_dtype, "n_params": sum(p.numel() for p in params),
+           "param_tensors": len(params), "param_bytes": _nbytes(params),
+           "buffer_bytes": _nbytes(model.buffers()), "token_bytes": _nbytes([tokens]),
+           "step_counter_bytes": _nbytes(v for st in optimizer.state.values() for v in st.values()
+                                         if isinstance(v, torch.Tensor) and v.dim() == 0
+                                         and v.device.type == device),
+           "saved_bytes": saved}
+    del model, optimizer, tokens, params
+    gc.collect()
+    return row
+
+
+def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
+    """Train each recipe of `RUNS` for `s.steps` steps, reading the allocator around every phase."""
+    device = device or env.device()
+    if device not in ("cuda", "cpu"):
+        raise ValueError(f"device must be 'cuda' or 'cpu' (an allocator this can read), "
+                         f"got {device!r}")
+    meter = _CudaMeter() if device == "cuda" else _ProfilerMeter()
+    cfg = TransformerConfig.preset(s.preset)
+    rows: list[dict[str, Any]] = [{
+        "kind": "setup", "device": env.device_name(), "device_type": device, "method": meter.method,
+        "preset": s.preset, "batch": s.batch, "seq": s.seq, "vocab": cfg.vocab_size,
+        "n_layers": cfg.n_layers, "d_model": cfg.d_model}]
+    runs = [_train(meter, label, s, device) for label in RUNS]
+    return rows + runs + meter.rows
+
+
+# --- counting on the meta device ------------------------------------------------------------
+
+
+def saved_bytes_per_layer(cfg: TransformerConfig, *, batch: int, seq: int,
+                          dtype: str = "bf16") -> int:
+    """Bytes autograd saves for backward in one transformer block (its parameters excluded), counted
+    on the meta device, where tensors have sizes but no storage: any preset, at no memory cost. With
+    the naive attention backend this includes the (batch, heads, seq, seq) attention weights, and
+    the (seq, seq) causal mask, the one saved tensor that does not grow with the batch."""
+    from mlsys.models.transformer import Block, RotaryEmbedding
+
+    checks.positive_ints(batch=batch, seq=seq)
+    dt = torch_dtype(dtype)
+    with torch.device("meta"):
+        block = Block(cfg).to(dt)
+        cos, sin = RotaryEmbedding(cfg.d_head, cfg.context_length, cfg.rope_theta)(seq)
+        x = torch.empty(batch, seq, cfg.d_model, dtype=dt, requires_grad=True)
+    counter = _SavedTensors([*block.parameters(), cos, sin])  # the RoPE tables are model buffers
+    with counter.hooks:
+        block(x, cos.to(dt), sin.to(dt))
+    return counter.nbytes
+
+
+# --- reading the rows (live or recorded) ----------------------------------------------------------
+
+
+def setup(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return next(r for r in rows if r["kind"] == "setup")
+
+
+def runs(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {r["run"]: r for r in rows if r["kind"] == "run"}
+
+
+def phases(rows: list[dict[str, Any]], run: str) -> list[dict[str, Any]]:
+    """The phase rows of one run, in order (step 0 is building the model)."""
+    return [r for r in rows if r["kind"] == "phase" and r["run"] == run]
+
+
+def phase(rows: list[dict[str, Any]], run: str, step: int, name: str) -> dict[str, Any]:
+    return next(r for r in phases(rows, run) if r["step"] == step and r["phase"] == name)
+
+
+@dataclass(frozen=True)
+class Reading:
+    """One run's allocator numbers next to the accounting's prediction (bytes)."""
+
+    run: str
+    recipe: str
+    predicted_states: int  # accounting.memory: weights + grads + master + optimizer
+    after_step: int  # live when the last optimizer step ends: every model state exists
+    extras: int  # what else is known to be live then: buffers, token batch, step counters
+    forward_growth: int  # live after the last forward minus live before it
+    saved: int  # bytes autograd saved for backward in that forward (new storages)
+    peak: int  # the largest peak of the last step
+    peak_phase: str
+
+    @property
+    def unexplained(self) -> int:
+        """Allocator after the step, minus the prediction and the known extras (0 on a CPU)."""
+        return self.after_step - self.predicted_states - self.extras
+
+
+def readings(rows: list[dict[str, Any]]) -> list[Reading]:
+    out = []
+    for label, r in runs(rows).items():
+        ph = phases(rows, label)
+        last = max(p["step"] for p in ph)
+        before_forward = phase(rows, label, last - 1, "zero_grad" if last > 1 else "model")
+        forward = phase(rows, label, last, "forward")
+        peak = max((p for p in ph if p["step"] == last), key=lambda p: p["peak_bytes"])
+        out.append(Reading(
+            run=label, recipe=r["recipe"],
+            predicted_states=memory.model_state_bytes(r["n_params"], r["recipe"]),
+            after_step=phase(rows, label, last, "optimizer step")["live_bytes"],
+            extras=r["buffer_bytes"] + r["token_bytes"] + r["step_counter_bytes"],
+            forward_growth=forward["live_bytes"] - before_forward["live_bytes"],
+            saved=r["saved_bytes"][-1], peak=peak["peak_bytes"], peak_phase=peak["phase"]))
+    return out
+
+
+def _mb(n: float) -> str:
+    return num(n / 1e6)
+
+
+def table(rows: list[dict[str, Any]]) -> Table:
+    """Per recipe: predicted model states, the allocator after the step, and the peak (MB)."""
+    body = []
+    for r in readings(rows):
+        body.append([r.run, f"`{r.recipe}`", memory.recipe(r.recipe).bytes_per_param,
+                     _mb(r.predicted_states), _mb(r.after_step),
+                     f"{r.after_step / r.predicted_states:.4f}",
+                     _mb(r.extras), _mb(r.unexplained), _mb(r.saved), _mb(r.forward_growth),
+                     f"{_mb(r.peak)} ({r.peak_phase})", f"{r.peak / r.predicted_states:.2f}"])
+    return Table(["run", "recipe", "B/param", "model states, predicted (MB)",
+                  "allocator after step (MB)",
+                  "ratio", "buffers + batch + step counters (MB)", "unexplained (MB)",
+                  "saved for backward (MB)", "forward growth (MB)", "peak, last step (MB)",
+                  "peak / states"], body)
+
+
+def phase_table(rows: list[dict[str, Any]]) -> Table:
+    """Live bytes when each phase ends and the peak during it, per run (MB)."""
+    labels = list(runs(rows))
+    keys = [(p["step"], p["phase"]) for p in phases(rows, labels[0])]
+    body = []
+    for step, name in keys:
+        cells = [f"{_mb(phase(rows, lb, step, name)['live_bytes'])} / "
+                 f"{_mb(phase(rows, lb, step, name)['peak_bytes'])}" for lb in labels]
+        body.append([step or "-", name, *cells])
+    return Table(["step", "phase", *(f"{lb}: live / peak (MB)" for lb in labels)], body)
+
+
+def verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
+    """Sentences computed from the numbers: states, forward growth, peak, recipes compared."""
+    rs = {r.run: r for r in readings(rows)}
+    fp32, bf16, amp = rs["fp32 AdamW"], rs["pure bf16 AdamW"], rs["fp32 AdamW + bf16 autocast"]
+    each = ", ".join
+    if all(r.unexplained == 0 for r in rs.values()):
+        states = ("in every run the allocator holds exactly the predicted model states plus the "
+                  "buffers, the token batch and the step counters ("
+                  + each(f"{_mb(r.predicted_states)} + {_mb(r.extras)} MB" for r in rs.values())
+                  + ")")
+    else:
+        states = "; ".join(f"{r.run}: {_mb(r.after_step)} MB held, {_mb(r.predicted_states)} MB "
+                           f"predicted, {_mb(r.extras)} MB of buffers, batch and step counters and "
+                           f"{_mb(r.unexplained)} MB not itemized here" for r in rs.values())
+    slack = max(r.forward_growth - r.saved for r in rs.values())
+    if all(0 <= r.forward_growth - r.saved <= SCALARS_BYTES for r in rs.values()):
+        forward = (f"in every run it grows the allocation by what autograd saves for backward, to "
+                   f"within {slack} bytes (the loss and a few scalars): "
+                   + each(f"{_mb(r.saved)} MB" for r in rs.values()))
+    else:
+        forward = each(f"{r.run} grows the allocation by {r.forward_growth / r.saved:.3f}x the "
+                       f"{_mb(r.saved)} MB autograd saves for backward" for r in rs.values())
+    peak = each(f"{r.run} {r.peak / r.predicted_states:.2f}x the model states (during the "
+                f"{r.peak_phase})" for r in rs.values())
+    compare = (f"pure bf16 holds {bf16.after_step / fp32.after_step:.2f}x the bytes of fp32 after "
+               f"the step; autocast holds {amp.after_step / fp32.after_step:.2f}x (its states are "
+               f"fp32 AdamW's) while its forward pass saves {amp.saved / fp32.saved:.2f}x as many "
+               "bytes")
+    return {"states": states, "forward": forward, "peak": peak, "compare": compare}
+
+
+def plot(rows: list[dict[str, Any]], ax, *, title: str) -> None:
+    """Live bytes at the end of every phase (lines) and the peak during it (markers), per run, with
+    each run's predicted model states dashed."""
+    from mlsys import plotting
+
+    for color, (label, r) in zip(plotting.CYCLE, runs(rows).items(), strict=False):
+        ph = phases(rows, label)
+        xs = range(len(ph))
+        ax.plot(xs, [p["live_bytes"] / 1e6 for p in ph], "-", color=color, label=f"{label}: live")
+        ax.plot(xs, [p["peak_bytes"] / 1e6 for p in ph], "^", color=color, ms=6, mfc="none",
+                label=f"{label}: peak during the phase")
+        ax.axhline(memory.model_state_bytes(r["n_params"], r["recipe"]) / 1e6, color=color, ls="--",
+                   lw=1, label=f"{label}: model states predicted ({r['recipe']})")
+    ph = phases(rows, next(iter(runs(rows))))
+    labels = [f"{p['step']}: {p['phase']}" if p["step"] else p["phase"] for p in ph]
+    ax.set_xticks(range(len(ph)), labels, rotation=35, ha="right", fontsize=8)
+    plotting.finish(ax, title=title, ylabel="allocated (MB)")
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+
+
+EXPERIMENT = Experiment(
+    name="training_memory",
+    chapter="02_tensors_memory",
+    description="allocator live/peak bytes per training phase, three recipes, vs accounting",
+    gpu_seconds=45,
+    sizes=SIZES,
+    run=run,
+)

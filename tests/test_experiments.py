@@ -1,0 +1,220 @@
+"""The experiments entry point and the ch03/ch04 experiments: smoke runs, records, reading
+functions.
+
+`python -m mlsys.experiments --smoke --all` runs once for the module (tiny sizes, records in a
+temporary directory); the tests read its records as a chapter reads a recorded GPU run.
+"""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from mlsys import bench, experiments, results
+from mlsys.accounting import bytes as B
+from mlsys.accounting import flops
+from mlsys.experiments import __main__ as cli
+from mlsys.experiments import elementwise_fusion, op_overhead, roofline_ops, train_step
+
+MINE = ("roofline_ops", "elementwise_fusion", "op_overhead", "train_step", "fused_kernels")
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory):
+    """Every experiment's smoke record, written by the command line as on a GPU machine."""
+    out = tmp_path_factory.mktemp("records")
+    paths = cli.main(["--smoke", "--all", "--out", str(out)])
+    assert {p.stem for p in paths} == set(experiments.NAMES)
+    return {p.stem: json.loads(p.read_text()) for p in paths}
+
+
+def test_every_experiment_is_registered_with_sizes_for_every_profile():
+    for name in experiments.NAMES:
+        e = experiments.get(name)
+        assert e.name == name and set(e.sizes) == {"smoke", "cpu", "gpu"}
+        assert 0 < e.gpu_seconds <= experiments.CHUNK_S, name  # each fits in one chunk
+    with pytest.raises(ValueError, match="name='nope' is not one of"):
+        experiments.get("nope")
+
+
+def test_the_gpu_run_fits_in_20_minutes_in_chunks_of_8():
+    groups = experiments.chunks()
+    assert [n for g in groups for n in g] == list(experiments.NAMES)
+    for group in groups:
+        assert sum(experiments.get(n).gpu_seconds for n in group) <= experiments.CHUNK_S
+    assert sum(experiments.get(n).gpu_seconds for n in experiments.NAMES) <= 20 * 60
+
+
+def test_smoke_records_are_valid_and_say_what_produced_them(records):
+    for name, record in records.items():
+        results.validate_record(record, experiment=name)
+        prov = record["provenance"]
+        assert prov["profile"] == "smoke"
+        assert prov["command"].startswith("python -m mlsys.experiments --smoke")
+        assert prov["sizes"] and prov["device"]
+
+
+def test_the_command_line_refuses_what_cannot_be_trusted(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["nope"])
+    assert "unknown experiment 'nope'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main([])
+    assert "name at least one experiment" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(["--chunk", "99"])
+    assert "--chunk must be between 1" in capsys.readouterr().err
+    if experiments.env.device() != "cuda":
+        with pytest.raises(SystemExit):
+            cli.main(["roofline_ops"])
+        assert "GPU sizes need a CUDA GPU" in capsys.readouterr().err
+
+
+def test_list_names_every_experiment_and_its_chunk():
+    done = subprocess.run([sys.executable, "-m", "mlsys.experiments", "--list"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    for name in experiments.NAMES:
+        assert name in done.stdout
+    assert "chunk 1" in done.stdout
+
+
+def test_write_and_read_back(tmp_path, records):
+    record = records["train_step"]
+    path = experiments.write(record, tmp_path)
+    device_dir = tmp_path / results.device_slug(record["provenance"]["device"])
+    assert path == device_dir / "train_step.json"
+    assert json.loads(path.read_text()) == record
+
+
+# --- roofline_ops ---------------------------------------------------------------------------------
+
+
+def test_roofline_ops_rows_carry_the_accounting(records):
+    rows = records["roofline_ops"]["results"]
+    s = roofline_ops.SIZES["smoke"]
+    ops = {r["name"]: r for r in rows if r["kind"] == "op"}
+    xy = ops["x + y"]
+    assert (xy["read_bytes"], xy["write_bytes"]) == (2 * 4 * s.numel, 4 * s.numel)
+    n = s.matmul_sizes[0]
+    assert ops[f"matmul {n}"]["flops"] == flops.matmul_flops(n, n, n)
+    batch, heads, seq, d = s.attention
+    naive = ops[f"naive attention, seq {seq}"]
+    traffic = B.naive_attention_traffic(batch, heads, seq, d, "fp32")
+    assert naive["read_bytes"] + naive["write_bytes"] == traffic.total_bytes
+    assert {r["name"] for r in rows if r["kind"] == "allocation"} == {
+        "fresh output", "existing output", "fresh output, freed memory kept"}
+    table = roofline_ops.table(rows)
+    assert len(table.rows) == len(ops)
+
+
+def _synthetic_roofline_rows(op_seconds, problems=()):
+    """Rows as `roofline_ops.run` writes them: a 10 GB/s copy, a 100 GFLOP/s matmul, and the ops."""
+    def timing(seconds):
+        return {"median_s": seconds, "p20_s": seconds, "p80_s": seconds, "samples_s": [seconds] * 4}
+
+    rows = [{"kind": "probe", "name": "copy", "unit": "bytes", "work": 1e10, **timing(1.0)},
+            {"kind": "probe", "name": "matmul", "unit": "flop", "work": 1e11, **timing(1.0)}]
+    ops = {"x * 2": ("elementwise", 1e9, 1e10), "softmax": ("row-wise", 5e9, 1e10),
+           "matmul 64": ("matmul", 1e10, 1e7), "naive attention, seq 8": ("attention", 1e9, 1e9),
+           "SDPA (fused attention), seq 8": ("attention", 1e9, 1e7)}
+    for name, (group, f, n_bytes) in ops.items():
+        rows.append({"kind": "op", "name": name, "group": group, "flops": f, "read_bytes": n_bytes,
+                     "write_bytes": 0, **timing(op_seconds[name])})
+    rows.append({"kind": "consistency", "problems": list(problems), "attempts": 1, "dtype": "fp32"})
+    return rows
+
+
+def test_roofline_verdicts_follow_the_numbers():
+    seconds = {"x * 2": 1.1, "softmax": 3.0, "matmul 64": 0.12, "naive attention, seq 8": 0.2,
+               "SDPA (fused attention), seq 8": 0.05}
+    v = roofline_ops.verdicts(_synthetic_roofline_rows(seconds))
+    assert "x * 2 is at the memory roof (1.10x the predicted time)" in v["memory"]
+    assert "softmax is 3.0x slower than the memory roof predicts" in v["memory"]
+    assert ("matmul 64 reaches 83 GFLOP/s, at the compute roof (1.20x the predicted time)"
+            == v["matmul"])
+    assert v["attention"].startswith("SDPA is 4.00x faster than naive attention "
+                                     "while moving 100x fewer bytes")
+    problems = ["x * 2 ran 2.00x faster than ..."]
+    withheld = roofline_ops.verdicts(_synthetic_roofline_rows(seconds, problems))
+    assert all(text.startswith("no verdict") for text in withheld.values())
+
+
+# --- elementwise_fusion, op_overhead, train_step --------------------------------------------------
+
+
+def test_fusion_rows_and_verdicts(records):
+    rows = records["elementwise_fusion"]["results"]
+    s = elementwise_fusion.SIZES["smoke"]
+    eager = elementwise_fusion.sweep(rows, "eager")
+    assert [r["k"] for r in eager] == list(s.ks)
+    for r in eager:  # k round trips of the tensor, 2k FLOPs per element
+        assert r["bytes"] == r["k"] * 2 * 4 * s.numel and r["flops"] == 2 * r["k"] * s.numel
+    if not s.fuse:  # the smoke profile times no fused version, and says so
+        assert elementwise_fusion.ceilings(rows) is None
+        text = elementwise_fusion.sweep_verdict(rows)
+        assert text.startswith("no verdict") or "no fused version was timed" in text
+        assert text.startswith("no verdict") or "the eager chain's time grew" in text
+    assert "eager pair" in elementwise_fusion.cos_verdict(rows)
+
+
+def test_cos_verdict_explains_a_fused_kernel_slower_than_eager():
+    def row(name, impl, seconds):
+        return {"kind": "cos", "name": name, "impl": impl, "numel": 1000, "median_s": seconds,
+                "p20_s": seconds, "p80_s": seconds, "samples_s": [seconds] * 4}
+
+    base = [{"kind": "probe", "name": "copy", "unit": "bytes", "work": 1e6, "median_s": 1e-4,
+             "p20_s": 1e-4, "p80_s": 1e-4, "samples_s": [1e-4] * 4},
+            {"kind": "consistency", "problems": [], "attempts": 1, "fused_impl": "torch.compile"}]
+    slower = base + [row("eager x.cos().cos() (2 ops)", "eager", 1.0),
+                     row("compiled", "fused", 1.0 / 0.88)]
+    assert "compiled is 1.14x slower than the eager pair: the fused kernel is slower" in \
+        elementwise_fusion.cos_verdict(slower)
+    twice = base + [row("eager x.cos().cos() (2 ops)", "eager", 1.0), row("compiled", "fused", 0.5)]
+    assert "close to the byte ratio of 2" in elementwise_fusion.cos_verdict(twice)
+
+
+def test_overhead_model_and_verdicts(records):
+    rows = records["op_overhead"]["results"]
+    s = op_overhead.SIZES["smoke"]
+    assert set(op_overhead.doubling(rows)) == set(s.sizes)
+    m = op_overhead.model(rows)
+    assert m.overhead_s > 0 and m.flat_n == pytest.approx(m.overhead_s * m.bytes_per_s / 8)
+    text = op_overhead.verdicts(rows)["doubling"]
+    assert text.startswith("no verdict") or f"{m.overhead_s * 1e6:.2f} µs" in text
+    assert len(op_overhead.remedy_table(rows).rows) == 4
+
+
+def test_train_step_mfu_follows_from_the_rows(records):
+    rows = records["train_step"]["results"]
+    s = train_step.SIZES["smoke"]
+    steps = train_step.steps(rows)
+    assert [r["seq"] for r in steps] == list(s.seqs)
+    ceiling = train_step.ceiling(rows)
+    for r in steps:
+        forward = flops.transformer_flops(s.config, s.batch, r["seq"]).forward_matmul_flops
+        assert r["flops"] == 3 * forward
+        mfu = r["flops"] / r["median_s"] / ceiling
+        assert train_step.mfus(rows)[r["seq"]] == pytest.approx(mfu)
+    text = train_step.mfu_verdict(rows)
+    assert text.startswith("no verdict") or "of the matmul ceiling" in text
+
+
+def test_fused_kernels_rows_use_the_cost_models(records):
+    from mlsys.kernels.softmax import softmax_bytes
+
+    rows = records["fused_kernels"]["results"]
+    for r in rows:
+        assert r["p20_s"] <= r["median_s"] <= r["p80_s"]
+        assert r["bytes_per_s"] == pytest.approx(r["model_bytes"] / r["median_s"])
+        if r["kernel"] == "softmax":
+            assert r["model_bytes"] == softmax_bytes(tuple(r["shape"]), r["dtype"])
+    assert {r["kernel"] for r in rows} == {"repeat_unary_fma", "cos_cos", "softmax", "rmsnorm"}
+
+
+def test_timings_round_trip_through_rows():
+    t = bench.Timing((3.0, 1.0, 2.0, 5.0), 0, "cpu")
+    again = experiments.timing_of(experiments.timing_fields(t))
+    assert again.samples_s == t.samples_s and again.median_s == t.median_s
+    assert again.drift == t.drift

@@ -1,0 +1,95 @@
+"""The training_memory experiment: the CPU allocator's bytes, phase by phase, against the count."""
+
+import json
+
+import matplotlib
+import pytest
+
+from mlsys.accounting import memory
+from mlsys.experiments import training_memory as T
+from mlsys.models.config import TransformerConfig
+
+matplotlib.use("Agg")
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return T.run(T.SIZES["smoke"], device="cpu")
+
+
+def _live(rows, run, step, phase):
+    return T.phase(rows, run, step, phase)["live_bytes"]
+
+
+def test_rows_are_json_and_name_the_method(rows):
+    assert json.loads(json.dumps(rows)) == rows
+    assert "profiler" in T.setup(rows)["method"]
+    assert list(T.runs(rows)) == list(T.RUNS)
+    assert len(T.phases(rows, "fp32 AdamW")) == 1 + len(T.PHASES) * T.SIZES["smoke"].steps
+
+
+@pytest.mark.parametrize("run", list(T.RUNS))
+def test_each_phase_adds_what_the_count_predicts(rows, run):
+    """On a CPU the allocator sees requested bytes, so the laws hold to the byte."""
+    r = T.runs(rows)[run]
+    states = memory.model_state_breakdown(r["n_params"], r["recipe"])
+    model = _live(rows, run, 0, "model")
+    assert model == r["param_bytes"] + r["buffer_bytes"] + r["token_bytes"]
+    assert r["param_bytes"] == states["weights"]
+    assert _live(rows, run, 1, "backward") - model == states["grads"]  # activations all freed
+    step = _live(rows, run, 1, "optimizer step")
+    assert step - _live(rows, run, 1, "backward") == states["optimizer"] + r["step_counter_bytes"]
+    assert r["step_counter_bytes"] == 4 * r["param_tensors"]  # one fp32 scalar per parameter tensor
+    assert _live(rows, run, 1, "zero_grad") == step - states["grads"]
+    assert _live(rows, run, 2, "optimizer step") == step  # the steady state holds no more
+    for p in T.phases(rows, run):
+        assert p["peak_bytes"] >= p["live_bytes"]
+
+
+def test_readings_explain_every_byte_after_the_step(rows):
+    readings = {r.run: r for r in T.readings(rows)}
+    for r in readings.values():
+        assert r.unexplained == 0
+        assert 0 <= r.forward_growth - r.saved <= T.SCALARS_BYTES  # the loss, a few scalars
+        assert r.peak > r.after_step
+    fp32, bf16 = readings["fp32 AdamW"], readings["pure bf16 AdamW"]
+    amp = readings["fp32 AdamW + bf16 autocast"]
+    assert 2 * bf16.predicted_states == fp32.predicted_states == amp.predicted_states
+    assert amp.after_step == fp32.after_step and amp.saved != fp32.saved
+
+
+def test_saved_bytes_per_layer_counts_on_meta_and_scales_with_batch(rows):
+    cfg = TransformerConfig.preset(T.SIZES["smoke"].preset)
+    s = T.SIZES["smoke"]
+    one, two, three = (
+        T.saved_bytes_per_layer(cfg, batch=b, seq=s.seq, dtype="fp32") for b in (1, 2, 3)
+    )
+    assert three - two == two - one == one - s.seq**2  # linear in batch, plus the bool causal mask
+    assert T.saved_bytes_per_layer(cfg, batch=1, seq=s.seq, dtype="bf16") < one
+    total = T.runs(rows)["fp32 AdamW"]["saved_bytes"][-1]
+    layers = cfg.n_layers * T.saved_bytes_per_layer(cfg, batch=s.batch, seq=s.seq, dtype="fp32")
+    assert 0 < total - layers < total / 2  # the rest: embedding, final norm, head, logits, loss
+
+
+def test_tables_verdicts_and_plot(rows):
+    import matplotlib.pyplot as plt
+
+    assert len(T.table(rows).rows) == len(T.RUNS)
+    assert len(T.phase_table(rows).rows) == 1 + len(T.PHASES) * T.SIZES["smoke"].steps
+    v = T.verdicts(rows)
+    assert v["states"].startswith("in every run the allocator holds exactly")
+    assert v["forward"].startswith("in every run it grows the allocation by what autograd saves")
+    assert "pure bf16 holds 0.50x" in v["compare"]
+    fig, ax = plt.subplots()
+    T.plot(rows, ax, title="t")
+    assert len(ax.lines) == 3 * len(T.RUNS)
+    plt.close(fig)
+
+
+def test_sizes_and_devices_are_checked():
+    with pytest.raises(ValueError, match="context_length"):
+        T.Sizes("debug", 2, 4096)
+    with pytest.raises(ValueError, match="steps must be >= 2"):
+        T.Sizes("debug", 2, 16, steps=1)
+    with pytest.raises(ValueError, match="device"):
+        T.run(T.SIZES["smoke"], device="mps")
