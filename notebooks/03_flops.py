@@ -203,18 +203,12 @@ fwd = flops.linear_flops(LINEAR_TOKENS, LINEAR_D_IN, LINEAR_D_OUT)
 assert forward_counter.get_total_flops() == fwd
 bwd = flops.linear_backward_flops(LINEAR_TOKENS, LINEAR_D_IN, LINEAR_D_OUT)
 assert backward_counter.get_total_flops() == bwd == 2 * fwd
-x_data = x.detach()  # an input that needs no gradient, like raw data entering the first layer
-with FlopCounterMode(display=False) as data_counter:
-    layer(x_data).sum().backward()
-assert data_counter.get_total_flops() == 2 * fwd  # forward + grad weight only
-print(f"forward {fwd:,}, backward {bwd:,} (2x); input without grad: backward = "
-      f"{data_counter.get_total_flops() - fwd:,} (1x)")
+print(f"forward {fwd:,}, backward {bwd:,} (2x)")
 
 # %% [markdown]
-# The last line is a detail worth knowing: when a layer's input needs no gradient, autograd skips
-# $\partial L/\partial X$ and the backward costs 1 × forward. In a transformer that happens nowhere:
-# the first projections read the output of the (trainable) embedding, so every linear layer pays the
-# full 2 ×.
+# (When a layer's input needs no gradient, like raw data entering the first layer, autograd skips
+# $\partial L/\partial X$ and the backward costs 1 × forward; in a transformer that happens nowhere,
+# since the first projections read the trainable embedding's output.)
 #
 # ## Every component of a transformer block
 #

@@ -49,7 +49,8 @@ from IPython.display import display
 
 from mlsys import experiments, hardware, plotting, roofline
 from mlsys.accounting import bytes as B
-from mlsys.accounting import flops, memory, params
+from mlsys.accounting import flops, params
+from mlsys.accounting.napkin import napkin
 from mlsys.book import Table, glue, num
 from mlsys.counters import ByteCounter, StorageTouches
 from mlsys.dtypes import bytes_per_element
@@ -599,19 +600,18 @@ for name, value in {"q2_naive_gb": naive_q2.total_bytes / 1e9,
 # RMSNorm, and how long is a step at 40% MFU? Chain chapters 02, 03 and this one.
 
 # %% tags=["hide-cell"]
-xl, batch_q4, seq_q4, mfu_q4 = TransformerConfig.preset("xl"), 8, 1024, 0.4
-state_q4 = memory.model_state_bytes(params.count_params(xl), "bf16_mixed_adamw")
-step_flops_q4 = flops.transformer_flops(xl, batch_q4, seq_q4).training_matmul_flops
-rows_q4 = batch_q4 * seq_q4
-up = B.matmul_intensity(rows_q4, xl.d_ff, xl.d_model, "bf16")
-norm = B.intensity(flops.rmsnorm_flops(rows_q4, xl.d_model),
-                   B.norm_traffic(rows_q4, xl.d_model, "bf16"))
-time_q4 = flops.training_time_s(step_flops_q4, 1, h100_peak, mfu_q4)
-assert state_q4 == 16 * params.count_params(xl) < SPEC.hbm_bytes
-assert norm < h100_ridge < up  # one kernel on each side of the ridge
-for name, value in {"q4_state_gb": state_q4 / 1e9, "q4_tflop": step_flops_q4 / 1e12, "q4_up": up,
-                    "q4_norm": norm, "q4_norm_below": h100_ridge / norm,
-                    "q4_ms": time_q4 * 1e3}.items():
+xl = TransformerConfig.preset("xl")
+trace = napkin(xl, "h100", batch=8, seq=1024, mfu=0.4, n_devices=8, name="xl")  # the whole chain
+kernels = {k.name: k for k in trace.kernels}
+up, norm = kernels["SwiGLU up-projection w1"], kernels["RMSNorm"]
+assert trace.replicated_bytes_per_device == 16 * params.count_params(xl) < SPEC.hbm_bytes
+assert trace.step_flops_per_device == flops.transformer_flops(xl, 8, 1024).training_matmul_flops
+assert up.intensity_flop_per_byte == B.matmul_intensity(8 * 1024, xl.d_ff, xl.d_model, "bf16")
+assert norm.bound == "memory-bound" and up.bound == "compute-bound"  # one on each side
+for name, value in {"q4_state_gb": trace.replicated_bytes_per_device / 1e9,
+                    "q4_ms": trace.step_s * 1e3, "q4_tflop": trace.step_flops_per_device / 1e12,
+                    "q4_up": up.intensity_flop_per_byte, "q4_norm": norm.intensity_flop_per_byte,
+                    "q4_norm_below": h100_ridge / norm.intensity_flop_per_byte}.items():
     glue(name, value)
 
 # %% [markdown]
@@ -621,8 +621,9 @@ for name, value in {"q4_state_gb": state_q4 / 1e9, "q4_tflop": step_flops_q4 / 1
 # matmuls, chapter 03). The up-projection has intensity {glue:text}`q4_up:,.0f` FLOP/byte, above the
 # ridge of {glue:text}`h100_ridge:.0f`; an RMSNorm {glue:text}`q4_norm:.2g`,
 # {glue:text}`q4_norm_below:.0f` times below it. At 40% MFU a step takes {glue:text}`q4_ms:.0f` ms.
-# `python -m mlsys napkin --preset xl --gpu H100 --batch 8 --seq 1024` prints the same chain for any
-# preset.
+# The cell asks `mlsys.accounting.napkin` for the whole chain and checks its links against the
+# chapters' functions; `python -m mlsys napkin --preset xl --gpu H100 --batch 8 --seq 1024 --devices
+# 8` prints it for any preset.
 # ```
 #
 # ### Q4 [Find the error]
