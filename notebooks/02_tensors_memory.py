@@ -54,6 +54,7 @@ from jaxtyping import jaxtyped
 
 from mlsys import experiments, hardware, plotting, tensors
 from mlsys.accounting import memory
+from mlsys.accounting.activations import saved_bytes
 from mlsys.accounting.params import count_params, param_counts
 from mlsys.book import Table, glue
 from mlsys.experiments import training_memory as TM
@@ -87,9 +88,9 @@ for name, value in [("n_devices", N_DEVICES), ("accelerator", ACCELERATOR.name),
 # gradient and the two moment estimates $m$ and $v$. Mixed precision {cite}`micikevicius2018mixed`
 # stores weights (and often gradients) in 16 bits and keeps an fp32 *master* copy of the weights for
 # the update. `mlsys.accounting.memory` names the recipes; each fixes the bytes one parameter costs,
-# and with $N$ parameters sharded over the devices (each holds $1/n$ of the states) the answer is
-# $n \cdot \text{memory} / \text{bytes per parameter}$; replicated, as in plain data parallelism, it
-# is what one device holds.
+# and with $N$ parameters sharded over the devices (each holds $1/n$ of the states) the answer is $n
+# \cdot \text{memory} / \text{bytes per parameter}$; replicated, as in plain data parallelism, it is
+# what one device holds.
 
 # %%
 answers, rows = {}, []
@@ -154,8 +155,8 @@ glue("shape", str(shape))
 #
 # ### Indexing is pointer arithmetic
 #
-# Element `index` sits at storage position
-# $\text{storage\_offset} + \sum_d i_d \cdot \text{stride}_d$, counted in elements:
+# Element `index` sits at storage position $\text{storage\_offset} + \sum_d i_d \cdot
+# \text{stride}_d$, counted in elements:
 #
 # ```{literalinclude} ../lib/mlsys/tensors.py
 # :pyobject: element_offset
@@ -422,16 +423,25 @@ if not records:
         "training_memory` on a GPU writes the record under `results/`; this page then shows it."))
 
 # %% [markdown]
-# The same count, scaled up: model states against model size, one line per recipe (ZeRO's mixed
-# recipe lies on fp32 AdamW's), with the presets marked and the memory of one and of
+# The same count, scaled up: model states against model size, one line per recipe
+# ({glue:text}`shared_lines`), with the presets marked and the memory of one and of
 # {glue:text}`n_devices` GPUs as ceilings. A line crosses a ceiling at the largest trainable model.
+
+# %%
+by_bytes = {}
+for r in memory.RECIPES.values():
+    by_bytes.setdefault(r.bytes_per_param, []).append(r.name)
+glue("shared_lines", "; ".join(f"{', '.join(names[1:])} dashed on {names[0]}"
+                                for names in by_bytes.values() if len(names) > 1))
 
 # %% tags=["remove-input"]
 fig, ax = plotting.subplots(width=7.5, height=4.6)
 sizes = torch.logspace(5, 12, 60, dtype=torch.float64).tolist()
+drawn = set()  # a recipe with the bytes/param of an earlier one shares its line: dashed
 for color, r in zip(plotting.CYCLE, memory.RECIPES.values(), strict=False):
     ax.plot(sizes, [s * r.bytes_per_param / GB for s in sizes], color=color, label=r.name,
-            linestyle=(0, (4, 4)) if r.name == "bf16_mixed_adamw" else "-")
+            linestyle=(0, (4, 4)) if r.bytes_per_param in drawn else "-")
+    drawn.add(r.bytes_per_param)
 for name, p in n_params.items():
     preset_gb = memory.model_state_bytes(p, "fp32_adamw") / GB
     ax.plot(p, preset_gb, "o", color="white", markeredgecolor=plotting.COLORS["ceiling"],
@@ -525,10 +535,11 @@ assert written["view"] > memory.tensor_bytes(logits.shape, "fp32") > written["cl
 # Take the {glue:text}`q3_preset` preset on {glue:text}`n_devices` {glue:text}`accelerator` GPUs,
 # {glue:text}`q3_batch` sequences of {glue:text}`q3_seq:,` tokens per GPU. (a) How many GB of model
 # states does each recipe of `memory.RECIPES` need? (b) How many bytes does one layer save for
-# backward, in fp32 and in bf16? Count them on the meta device with
-# `training_memory.saved_bytes_per_layer`. (c) With the activations of all layers (fp32 for the fp32
-# recipes, bf16 for the others), which recipes fit on one GPU when the states are replicated, which
-# only when they are sharded over all {glue:text}`n_devices`, and which not at all?
+# backward, in fp32 and in bf16? `mlsys.accounting.activations.saved_bytes` counts them (the
+# profiling chapter checks it against what autograd saves, byte for byte). (c) With the activations
+# of all layers (fp32 for the fp32 recipes, bf16 for the others), which recipes fit on one GPU when
+# the states are replicated, which only when they are sharded over all {glue:text}`n_devices`, and
+# which not at all?
 #
 # ```{dropdown} Answer
 # (a) The table below. (b) One layer saves {glue:text}`q3_layer_fp32:.2f` GB in fp32 and
@@ -542,7 +553,7 @@ assert written["view"] > memory.tensor_bytes(logits.shape, "fp32") > written["cl
 # %% tags=["hide-cell"]
 chain = TransformerConfig.preset(CHAIN_PRESET)
 n_chain = count_params(chain)
-layer = {dt: TM.saved_bytes_per_layer(chain, batch=CHAIN_BATCH, seq=CHAIN_SEQ, dtype=dt)
+layer = {dt: saved_bytes(chain, CHAIN_BATCH, CHAIN_SEQ, dtype=dt, attention="naive").block_bytes
          for dt in ("fp32", "bf16")}
 attention_weights = CHAIN_BATCH * chain.n_heads * CHAIN_SEQ**2 * 2  # bf16 softmax output
 assert attention_weights < layer["bf16"] < layer["fp32"]
@@ -587,7 +598,8 @@ Table(["recipe", "states (GB)", "activations (GB)", "per GPU, replicated (GB)",
 # ```
 
 # %% tags=["hide-cell"]
-act = {dt: chain.n_layers * TM.saved_bytes_per_layer(chain, batch=1, seq=CHAIN_SEQ, dtype=dt)
+act = {dt: chain.n_layers * saved_bytes(chain, 1, CHAIN_SEQ, dtype=dt,
+                                        attention="naive").block_bytes
        for dt in ("fp32", "bf16")}  # per sequence (the causal mask aside, linear in the batch)
 assert act["bf16"] < act["fp32"] <= 2 * act["bf16"] + chain.n_layers * CHAIN_SEQ**2
 fp32_states, mixed_states = states["fp32_adamw"], states["bf16_mixed_adamw"]
@@ -607,9 +619,9 @@ for name, value in [("states_ratio", fp32_states / mixed_states),
 # %% [markdown]
 # ## Summary
 #
-# - A tensor is a storage plus shape, strides and an offset; element `index` sits at
-#   `storage_offset + Σ index[d]·stride[d]`. Transpose, permute, slicing and expand are views;
-#   advanced indexing, `.clone()` and `.contiguous()` copy; `.view` refuses what needs a copy.
+# - A tensor is a storage plus shape, strides and an offset; element `index` sits at `storage_offset
+#   + Σ index[d]·stride[d]`. Transpose, permute, slicing and expand are views; advanced indexing,
+#   `.clone()` and `.contiguous()` copy; `.view` refuses what needs a copy.
 # - A small view keeps its parent's whole storage alive, and `torch.save` writes all of it.
 # - `matmul` broadcasts leading dimensions; einops names dimensions; jaxtyping puts the names in
 #   signatures, checked in the tests.

@@ -207,3 +207,29 @@ def test_drift_catches_a_load_that_starts_mid_run():
                                           clock=clock, device="cpu")
     problems = bench.noise_problems(timings)
     assert any("moved by" in p for p in problems)
+
+
+def test_flush_runs_before_every_timed_call_and_outside_the_timing(monkeypatch):
+    clock = FakeClock()
+    flushes = []
+    monkeypatch.setattr(bench, "_flusher", lambda n, device: (lambda: flushes.append(clock.now)))
+    timing = bench.benchmark(clock.op(_steady(2.0)), warmup=1, repeats=3, flush_bytes=1024,
+                             clock=clock, device="cpu")
+    assert len(flushes) == 3 and timing.samples_s == (2.0, 2.0, 2.0)
+    with pytest.raises(ValueError, match="flush_bytes must be an integer >= 0"):
+        bench.benchmark(lambda: None, flush_bytes=-1)
+
+
+def test_a_real_flush_buffer_is_written(monkeypatch):
+    flush = bench._flusher(4096, "cpu")
+    assert flush is not None and bench._flusher(0, "cpu") is None
+    assert flush().numel() == 4096
+
+
+def test_progress_bars_follow_the_switch(monkeypatch):
+    monkeypatch.setenv("MLSYS_PROGRESS", "0")
+    items = [1, 2, 3]
+    assert bench.progress(items, desc="x") is items  # off: the iterable itself
+    monkeypatch.setenv("MLSYS_PROGRESS", "1")
+    wrapped = bench.progress(items, desc="x")
+    assert wrapped is not items and list(wrapped) == items

@@ -246,3 +246,11 @@ INVALID_CALLS = [  # (call, error, message fragment)
 def test_invalid_calls_raise_before_any_work(call, error, message):
     with pytest.raises(error, match=message):
         call()
+
+
+def test_adamw_traffic_reads_four_tensors_and_writes_three():
+    t = B.adamw_traffic(1000, "fp32")
+    assert (t.read_bytes, t.write_bytes) == (16_000, 12_000)
+    assert B.adamw_traffic(10, "bf16").total_bytes == 7 * 2 * 10
+    with pytest.raises(ValueError, match="n_params must be a positive integer"):
+        B.adamw_traffic(0)

@@ -38,12 +38,12 @@ def test_every_experiment_is_registered_with_sizes_for_every_profile():
         experiments.get("nope")
 
 
-def test_the_gpu_run_fits_in_20_minutes_in_chunks_of_8():
+def test_the_gpu_run_comes_in_chunks_of_at_most_8_minutes():
     groups = experiments.chunks()
     assert [n for g in groups for n in g] == list(experiments.NAMES)
-    for group in groups:
+    for group in groups:  # one `--chunk` per device call (10 minutes at most)
         assert sum(experiments.get(n).gpu_seconds for n in group) <= experiments.CHUNK_S
-    assert sum(experiments.get(n).gpu_seconds for n in experiments.NAMES) <= 20 * 60
+    assert all(experiments.get(n).gpu_seconds <= experiments.CHUNK_S for n in experiments.NAMES)
 
 
 def test_smoke_records_are_valid_and_say_what_produced_them(records):

@@ -189,10 +189,12 @@ def test_kernel_modules_import_without_triton():
     code = (
         "import sys; sys.modules['triton'] = None\n"
         "import torch\n"
-        "from mlsys.kernels import _triton, elementwise, rmsnorm, softmax\n"
+        "from mlsys.kernels import _triton, elementwise, flash_attention, rmsnorm, softmax\n"
         "assert not _triton.HAS_TRITON and not _triton.INTERPRETED\n"
         "x = torch.randn(3, 5)\n"
         "assert torch.allclose(softmax.softmax_ref(x).sum(-1), torch.ones(3))\n"
+        "q = torch.randn(1, 4, 16)\n"
+        "assert flash_attention.flash_attention_ref(q, q, q)[0].shape == q.shape\n"
         "try:\n"
         "    softmax.softmax(x)\n"
         "except RuntimeError as e:\n"

@@ -7,8 +7,10 @@ import pytest
 
 from mlsys import hardware
 from mlsys.accounting.memory import (
+    BLOCKWISE_BLOCK_SIZE,
     RECIPES,
     TrainingRecipe,
+    blockwise_state_bytes,
     max_trainable_params,
     model_state_breakdown,
     model_state_bytes,
@@ -21,6 +23,7 @@ EXPECTED_BYTES_PER_PARAM = {
     "bf16_mixed_adamw": 16,
     "bf16_mixed_adamw_fp32_grads": 18,
     "bf16_pure_adamw": 8,
+    "fp32_sgd": 8,
     "fp32_sgd_momentum": 12,
 }
 
@@ -127,3 +130,77 @@ NAN, INF = float("nan"), float("inf")
 def test_bad_input(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+# --- block-wise quantized optimizer state (8-bit AdamW) ------------------------------------------
+
+
+def test_blockwise_block_size_is_the_papers():
+    assert BLOCKWISE_BLOCK_SIZE == 2_048  # Dettmers et al. (2022); bitsandbytes < 0.44
+
+
+@pytest.mark.parametrize(
+    ("n", "kwargs", "expected"),
+    [
+        (0, dict(n_states=2), 0),
+        (1, dict(n_states=2), 2 * (1 + 4)),  # one value still needs its block's scale
+        (2_048, dict(n_states=2), 2 * (2_048 + 4)),
+        (2_049, dict(n_states=2), 2 * (2_049 + 2 * 4)),  # a second, partial block
+        (10_000, dict(n_states=1), 10_000 + 5 * 4),  # momentum SGD: one state
+        (10_000, dict(n_states=2, block_size=256), 2 * (10_000 + 40 * 4)),  # bitsandbytes >= 0.44
+        (3, dict(n_states=1, bits=4), 2 + 4),  # 12 bits packed into 2 bytes
+        (1_000, dict(n_states=2, scale_bytes=0), 2_000),
+        (4_096, dict(n_states=2, bits=32, scale_bytes=0), 8 * 4_096),  # fp32 Adam's moments
+    ],
+)
+def test_blockwise_state_bytes_golden(n, kwargs, expected):
+    assert blockwise_state_bytes(n, **kwargs) == expected
+
+
+@pytest.mark.parametrize("n", [1, 255, 2_047, 2_048, 2_049, 100_003, 3 * 2_048])
+def test_blockwise_state_bytes_equals_the_tensors_of_a_real_quantization(n):
+    """Quantize a tensor block by block (absmax scaling to int8, as in Dettmers et al.): the int8
+    values and the fp32 scales it keeps are exactly the bytes counted, and the bitsandbytes buffer
+    rule (blocks = n // 2048, plus one for a remainder) gives the same number of scales."""
+    import torch
+
+    x = torch.randn(n, generator=torch.Generator().manual_seed(n))
+    blocks = -(-n // BLOCKWISE_BLOCK_SIZE)
+    padded = torch.zeros(blocks * BLOCKWISE_BLOCK_SIZE).index_copy(0, torch.arange(n), x)
+    absmax = padded.view(blocks, BLOCKWISE_BLOCK_SIZE).abs().amax(dim=1)  # fp32, one per block
+    scaled = padded.view(blocks, -1) / absmax[:, None]
+    q = torch.round(scaled * 127).to(torch.int8).flatten()[:n]  # the stored state
+    per_value_scale = absmax.repeat_interleave(BLOCKWISE_BLOCK_SIZE)[:n]
+    restored = q.float() / 127 * per_value_scale
+    assert torch.all((restored - x).abs() <= per_value_scale / 254 * (1 + 1e-5))  # half a step
+    assert absmax.dtype == torch.float32 and q.dtype == torch.int8
+    assert n // 2_048 + (n % 2_048 > 0) == absmax.numel()
+    one_state = q.nbytes + absmax.nbytes
+    assert blockwise_state_bytes(n, n_states=1) == one_state
+    assert blockwise_state_bytes(n, n_states=2) == 2 * one_state
+
+
+def test_blockwise_overhead_per_parameter_tends_to_scale_over_block():
+    n = 2_048 * 1_000_000  # whole blocks: exactly 2 + 2 * 4 / 2048 bytes per parameter
+    assert blockwise_state_bytes(n, n_states=2) == n * 2 + 2 * 4 * (n // 2_048)
+    assert blockwise_state_bytes(n, n_states=2) / n == pytest.approx(2 + 8 / 2_048, rel=1e-15)
+    # against fp32 AdamW's 8 bytes of moments: just over a quarter
+    assert 0.25 < blockwise_state_bytes(n, n_states=2) / (8 * n) < 0.2505
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        (dict(n_params=-1, n_states=2), ValueError, "n_params must be an integer >= 0"),
+        (dict(n_params=1.5e9, n_states=2), TypeError, "n_params must be an integer"),
+        (dict(n_params=10, n_states=0), ValueError, "n_states must be a positive integer"),
+        (dict(n_params=10, n_states=2, bits=0), ValueError, "bits must be a positive integer"),
+        (dict(n_params=10, n_states=2, bits=True), TypeError, "bits must be an integer"),
+        (dict(n_params=10, n_states=2, block_size=0), ValueError, "block_size must be a positive"),
+        (dict(n_params=10, n_states=2, scale_bytes=-4), ValueError, "scale_bytes must be an int"),
+        (dict(n_params=10, n_states=2, scale_bytes=4.0), TypeError, "scale_bytes must be an int"),
+    ],
+)
+def test_blockwise_state_bytes_bad_input(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        blockwise_state_bytes(**kwargs)

@@ -29,13 +29,14 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from mlsys import checks, env
 
+T = TypeVar("T")
 Clock = Callable[[], float]
 """Seconds from an arbitrary origin; `time.perf_counter` unless a test passes a fake one."""
 
@@ -145,6 +146,7 @@ def benchmark(
     repeats: int = 20,
     device: str | None = None,
     min_time_s: float = 0.0,
+    flush_bytes: int = 0,
     clock: Clock | None = None,
 ) -> Timing:
     """Time `fn()` (no arguments): `warmup` untimed calls, then at least `repeats` timed ones.
@@ -152,19 +154,47 @@ def benchmark(
     `device` defaults to `mlsys.env.device()`; on "cuda" each call is bracketed by CUDA events and
     the device is synchronized, elsewhere `clock` (default `time.perf_counter`) brackets a
     synchronized call. `min_time_s` keeps repeating until the timed calls add up to that long.
+    `flush_bytes > 0` writes a buffer of that many bytes before every timed call, outside the
+    timing (as `triton.testing.do_bench` does with the GPU's L2): pick it larger than the
+    last-level cache, so each call starts with cold caches, as in a real step where the other
+    layers' tensors have evicted this one's.
     """
     if not callable(fn):
         raise TypeError(f"fn must be callable, got {type(fn).__name__}")
     device = _check_timing_arguments(warmup, repeats, device)
     checks.nonnegative(min_time_s, "min_time_s")
+    flush = _flusher(checks.nonnegative_int(flush_bytes, "flush_bytes"), device)
     for _ in range(warmup):
         fn()
     _synchronize(device)
 
     samples: list[float] = []
     while len(samples) < repeats or sum(samples) < min_time_s:
-        samples.append(_time_once(fn, device, clock or time.perf_counter))
+        samples.append(_time_once(fn, device, clock or time.perf_counter, before=flush))
     return Timing(samples_s=tuple(samples), warmup=warmup, device=device, provenance=provenance())
+
+
+def _flusher(n_bytes: int, device: str) -> Callable[[], Any] | None:
+    """A call that overwrites `n_bytes` of memory on `device` (None for 0 bytes)."""
+    if n_bytes == 0:
+        return None
+    import torch
+
+    buffer = torch.empty(n_bytes, dtype=torch.int8, device=device)
+    return buffer.zero_
+
+
+def progress(iterable: Iterable[T], *, desc: str, total: int | None = None) -> Iterable[T]:
+    """`iterable` with a tqdm progress bar on a terminal or with MLSYS_PROGRESS=1, else as is.
+
+    Long sweeps show where they are; a notebook executed for the book keeps its output clean.
+    """
+    enabled = env.progress_enabled()
+    if not enabled:
+        return iterable
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, desc=desc, total=total, leave=False)
 
 
 def benchmark_interleaved(
@@ -257,7 +287,12 @@ def measure_consistently(
             return timings, Consistency(tuple(problems), used)
 
 
-def _time_once(fn: Callable[[], Any], device: str, clock: Clock) -> float:
+def _time_once(
+    fn: Callable[[], Any], device: str, clock: Clock, before: Callable[[], Any] | None = None
+) -> float:
+    """Seconds of one call of `fn` (after an untimed `before()`, e.g. a cache flush)."""
+    if before is not None:
+        before()
     if device == "cuda":
         import torch
 
@@ -267,6 +302,7 @@ def _time_once(fn: Callable[[], Any], device: str, clock: Clock) -> float:
         end.record()
         end.synchronize()
         return start.elapsed_time(end) / 1e3  # elapsed_time is in ms
+    _synchronize(device)
     t0 = clock()
     fn()
     _synchronize(device)

@@ -66,6 +66,19 @@ def pick(*, smoke: T, cpu: T, gpu: T, profile_name: str | None = None) -> T:
     return {"smoke": smoke, "cpu": cpu, "gpu": gpu}[name]
 
 
+PROGRESS_VARIABLE = "MLSYS_PROGRESS"
+
+
+def progress_enabled() -> bool:
+    """Show progress bars? `MLSYS_PROGRESS` if set (1/true/on/yes or not), else: on a terminal."""
+    import sys
+
+    requested = os.environ.get(PROGRESS_VARIABLE)
+    if requested is not None:
+        return requested.strip().lower() in TRUE_SPELLINGS
+    return sys.stderr.isatty()
+
+
 def has_triton() -> bool:
     """Is the `triton` package installed? (It is Linux-only; macOS and Windows readers lack it.)"""
     return importlib.util.find_spec("triton") is not None

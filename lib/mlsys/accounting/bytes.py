@@ -268,6 +268,19 @@ def tiled_attention_traffic(
     return _elements(bh * (qkvo + 2 * qkvo * kv_passes), bh * qkvo, dtype)
 
 
+# --- the optimizer step ---------------------------------------------------------------------------
+
+
+def adamw_traffic(n_params: int, dtype: object = "fp32") -> Traffic:
+    """One fused AdamW update of `n_params` parameters, everything in `dtype`: read the parameter,
+    its gradient and both moments, write the parameter and both moments (7 tensors per parameter:
+    28 bytes in fp32). Memory-bound (about 10 FLOPs per parameter): its time is these bytes over
+    the bandwidth, at best. PyTorch's multi-tensor (`foreach`) AdamW makes several passes, so it
+    moves a few times more."""
+    n = checks.positive_int(n_params, "n_params")
+    return _elements(4 * n, 3 * n, dtype)
+
+
 # --- the book's operations side by side -----------------------------------------------------------
 
 

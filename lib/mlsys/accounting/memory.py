@@ -7,6 +7,11 @@ and two fp32 Adam moments): the "16 N" of the ZeRO paper (Rajbhandari et al., 20
 Activations, temporary buffers, allocator fragmentation and the CUDA context come on top and are
 not counted here.
 
+8-bit optimizers (Dettmers et al., 2022, "8-bit Optimizers via Block-wise Quantization") store each
+state in one byte per value plus one fp32 scale (the block's absolute maximum) per block of 2,048
+values: not a whole number of bytes per parameter, so `blockwise_state_bytes` counts them exactly
+instead of a recipe.
+
 Used in: §sec-tensors-memory (chapter 02), the mixed-precision and ZeRO/FSDP chapters.
 """
 
@@ -78,6 +83,10 @@ RECIPES: dict[str, TrainingRecipe] = _recipes(
         2, 2, 0, 4,
     ),
     TrainingRecipe(
+        "fp32_sgd", "fp32 weights and grads; plain SGD keeps no optimizer state (4 + 4)",
+        4, 4, 0, 0,
+    ),
+    TrainingRecipe(
         "fp32_sgd_momentum", "fp32 weights, grads and one momentum buffer (4 + 4 + 4)",
         4, 4, 0, 4,
     ),
@@ -138,3 +147,31 @@ def max_trainable_params(
         whole = int(device_memory_bytes) if isinstance(device_memory_bytes, int) else int(memory)
         return n * whole // chosen.bytes_per_param
     return math.floor(n * memory / chosen.bytes_per_param)
+
+
+BLOCKWISE_BLOCK_SIZE = 2_048
+"""Values per block of block-wise quantized optimizer state in Dettmers et al. (2022):
+each block is scaled by its own absolute maximum, so an outlier degrades one block only.
+bitsandbytes used 2,048 until version 0.44.0, which moved its 8-bit optimizers to blocks of 256
+(bitsandbytes pull request #1365, 2024)."""
+
+
+def blockwise_state_bytes(n_params: int, *, n_states: int, bits: int = 8,
+                          block_size: int = BLOCKWISE_BLOCK_SIZE, scale_bytes: int = 4) -> int:
+    """Bytes of `n_states` optimizer states of one tensor of `n_params` values, each quantized
+    block-wise: n_states * (ceil(n_params * bits / 8) + ceil(n_params / block_size) * scale_bytes).
+
+    8-bit AdamW keeps m and v (n_states=2) as one byte per value and one fp32 scale per block of
+    2,048 values: 2 + 8 / 2,048 = 2.0039 bytes per parameter instead of fp32 Adam's 8. Blocks do
+    not span tensors (the last block of a tensor is partial: ceil), so apply this per parameter
+    tensor and sum. bitsandbytes also keeps tensors of fewer than 4,096 values (`min_8bit_size`,
+    e.g. norm gains) in 32-bit state; that choice is the caller's. Used in: §sec-memory-onepager.
+    """
+    n = checks.nonnegative_int(n_params, "n_params")
+    states = checks.positive_int(n_states, "n_states")
+    width = checks.positive_int(bits, "bits")
+    block = checks.positive_int(block_size, "block_size")
+    scale = checks.nonnegative_int(scale_bytes, "scale_bytes")
+    values = -(-n * width // 8)  # packed: ceil(n * bits / 8) bytes
+    scales = -(-n // block) * scale
+    return states * (values + scales)

@@ -8,7 +8,9 @@ GPU figure and the reader's CPU figure mean the same thing.
 
 Each module `mlsys.experiments.<name>` defines `EXPERIMENT` (an `Experiment`: its chapter, sizes per
 profile, expected GPU duration and `run`), a `Sizes` dataclass and the functions that read its rows
-(tables, plots, verdicts). Rows are JSON-ready dicts; timings are stored with every sample so a
+(tables, plots, verdicts; `table(rows)` is the summary the entry point prints). The whole GPU run
+is longer than one device session: `--chunk N` runs one group of at most `CHUNK_S`, and sessions
+take the chunks in turn. Rows are JSON-ready dicts; timings are stored with every sample so a
 verdict can be recomputed from a record. Nothing runs at import.
 Used in: every measuring chapter.
 """
@@ -34,6 +36,11 @@ NAMES = (
     "elementwise_fusion",
     "op_overhead",
     "fused_kernels",
+    "timing_pitfalls",
+    "step_benchmark",
+    "step_profile",
+    "step_memory",
+    "compile_step",
 )
 """Every experiment, in chapter order (each is the module `mlsys.experiments.<name>`)."""
 

@@ -40,12 +40,11 @@ class Sizes:
     attempts: int
 
 
-_CPU_MODEL = TransformerConfig(vocab_size=4_096, context_length=256, d_model=256, n_layers=4,
-                               n_heads=4, d_ff=1_024)
 SIZES = {
     "smoke": Sizes(TransformerConfig.preset("debug"), 4, (32, 64, 128), "fp32", (256, 512),
                    1, 5, 2),
-    "cpu": Sizes(_CPU_MODEL, 4, (64, 128, 256), "fp32", (512, 1_024), 2, 7, 3),
+    "cpu": Sizes(TransformerConfig.preset("laptop"), 4, (64, 128, 256), "fp32", (512, 1_024),
+                 2, 7, 3),
     "gpu": Sizes(TransformerConfig.preset("small"), 8, (128, 256, 512, 1_024), "bf16",
                  (4_096, 8_192), 5, 20, 3),
 }

@@ -5,30 +5,27 @@ bf16 autocast) and the allocator is read around every phase of every step (forwa
 optimizer step, zero_grad): the bytes live when the phase ends and the peak during it. On a CUDA
 GPU that is `torch.cuda.memory_allocated()` / `max_memory_allocated()` (after
 `reset_peak_memory_stats`); on a CPU it is the allocation and free events of PyTorch's profiler
-(`profile_memory=True`), whose running sum is the live bytes at every moment. Both count from zero
-before the model is built. `mlsys.accounting.memory` predicts the model states (weights, gradients,
-optimizer moments); the allocator also sees what the count leaves out: the saved activations and
-logits at the peak, temporaries of the optimizer, buffers (RoPE tables), the token batch and
-AdamW's step counters. The forward pass's growth is checked against the tensors autograd saves for
-backward (counted with `torch.autograd.graph.saved_tensors_hooks`). Used in: §sec-tensors-memory.
+(`profile_memory=True`), whose running sum is the live bytes at every moment; both are read by
+`mlsys.memory_timeline.meter`, and count from zero before the model is built.
+`mlsys.accounting.memory` predicts the model states (weights, gradients, optimizer moments); the
+allocator also sees what the count leaves out: the saved activations and logits at the peak,
+temporaries of the optimizer, buffers (RoPE tables), the token batch and AdamW's step counters.
+The forward pass's growth is checked against the tensors autograd saves for backward (counted
+with `torch.autograd.graph.saved_tensors_hooks`). Used in: §sec-tensors-memory.
 """
 
 from __future__ import annotations
 
-import bisect
-import contextlib
 import gc
-import itertools
-import os
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from mlsys import checks, env
+from mlsys import checks, env, memory_timeline
 from mlsys.accounting import memory
 from mlsys.book import Table, num
+from mlsys.counters import SavedTensors
 from mlsys.dtypes import torch_dtype
 from mlsys.experiments import Experiment
 from mlsys.models.config import PRESETS, TransformerConfig
@@ -71,97 +68,6 @@ SCALARS_BYTES = 64
 """Slack between the forward pass's growth and the bytes it saves: the loss, a few 0-d tensors."""
 
 
-# --- reading the allocator ------------------------------------------------------------------
-
-
-class _CudaMeter:
-    """Live and peak bytes of the CUDA caching allocator around each phase, from a baseline."""
-
-    method = "torch.cuda.memory_allocated / max_memory_allocated"
-
-    def __init__(self) -> None:
-        self.rows: list[dict[str, Any]] = []
-        for dtype in (torch.float32, torch.bfloat16):  # cuBLAS handles and workspaces, made once
-            x = torch.ones(64, 64, device="cuda", dtype=dtype, requires_grad=True)
-            (x @ x).sum().backward()
-        del x
-        torch.cuda.synchronize()
-        self.base = torch.cuda.memory_allocated()
-
-    @contextlib.contextmanager
-    def phase(self, run: str, step: int, name: str) -> Iterator[None]:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        yield
-        torch.cuda.synchronize()
-        self.rows.append({"kind": "phase", "run": run, "step": step, "phase": name,
-                          "live_bytes": torch.cuda.memory_allocated() - self.base,
-                          "peak_bytes": torch.cuda.max_memory_allocated() - self.base})
-
-    @contextlib.contextmanager
-    def recording(self) -> Iterator[None]:
-        yield
-
-
-class _ProfilerMeter:
-    """Live and peak bytes from the CPU profiler's allocation (+) and free (-) events."""
-
-    method = "torch.profiler memory events (profile_memory=True), CPU allocator"
-
-    def __init__(self) -> None:
-        self.rows: list[dict[str, Any]] = []
-        self._marks: list[tuple[str, int, str]] = []
-        os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # silences kineto's start/stop lines
-
-    def phase(self, run: str, step: int, name: str):
-        self._marks.append((run, step, name))
-        return torch.profiler.record_function(f"mlsys|{len(self._marks) - 1}")
-
-    @contextlib.contextmanager
-    def recording(self) -> Iterator[None]:
-        first = len(self._marks)
-        activities = [torch.profiler.ProfilerActivity.CPU]
-        with torch.profiler.profile(activities=activities, profile_memory=True) as prof:
-            yield
-        events = prof.profiler.kineto_results.events()
-        allocations = sorted((e.start_ns(), e.nbytes()) for e in events if e.name() == "[memory]")
-        times = [t for t, _ in allocations]
-        live = list(itertools.accumulate(b for _, b in allocations))
-        ranges = {e.name(): (e.start_ns(), e.end_ns()) for e in events
-                  if e.name().startswith("mlsys|")}
-
-        def live_at(t: int) -> int:
-            i = bisect.bisect_right(times, t)
-            return live[i - 1] if i else 0
-
-        for i in range(first, len(self._marks)):
-            start, end = ranges[f"mlsys|{i}"]
-            during = live[bisect.bisect_left(times, start):bisect.bisect_right(times, end)]
-            run, step, name = self._marks[i]
-            self.rows.append({"kind": "phase", "run": run, "step": step, "phase": name,
-                              "live_bytes": live_at(end),
-                              "peak_bytes": max([live_at(start), *during])})
-
-
-class _SavedTensors:
-    """Bytes of the storages autograd saves for backward that did not exist before (once each)."""
-
-    def __init__(self, existing: list[torch.Tensor]) -> None:
-        self._existing = {t.untyped_storage()._cdata for t in existing}
-        self._saved: dict[int, int] = {}
-        self.hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
-
-    def _pack(self, t: torch.Tensor) -> torch.Tensor:
-        storage = t.untyped_storage()
-        if storage._cdata not in self._existing:
-            self._saved[storage._cdata] = storage.nbytes()
-        return t
-
-    @property
-    def nbytes(self) -> int:
-        return sum(self._saved.values())
-
-
 def _nbytes(tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
@@ -175,7 +81,7 @@ def _train(meter, label: str, s: Sizes, device: str) -> dict[str, Any]:
     cfg = TransformerConfig.preset(s.preset)
     saved = []
     with meter.recording():
-        with meter.phase(label, 0, "model"):
+        with meter.phase("model", kind="phase", run=label, step=0):
             model = Transformer(cfg).to(device=device, dtype=torch_dtype(param_dtype))
             model.init_weights(seed=s.seed)
             optimizer = torch.optim.AdamW(model.parameters())
@@ -183,17 +89,18 @@ def _train(meter, label: str, s: Sizes, device: str) -> dict[str, Any]:
             tokens = torch.randint(cfg.vocab_size, (s.batch, s.seq + 1), generator=gen).to(device)
         low = torch_dtype(autocast_dtype or "bf16")
         for step in range(1, s.steps + 1):
-            counter = _SavedTensors([*model.parameters(), *model.buffers(), tokens])
-            with meter.phase(label, step, "forward"), counter.hooks:
+            counter = SavedTensors(model, exclude=[tokens])  # parameters and buffers apart
+            with meter.phase("forward", kind="phase", run=label, step=step), counter:
                 with torch.autocast(device, dtype=low, enabled=autocast_dtype is not None):
                     loss = next_token_loss(model, tokens)
-            saved.append(counter.nbytes)
-            with meter.phase(label, step, "backward"):
+            saved.append(counter.activation_bytes)
+            with meter.phase("backward", kind="phase", run=label, step=step):
                 loss.backward()
                 del loss
-            with meter.phase(label, step, "optimizer step"):
+            with meter.phase("optimizer step", kind="phase", run=label,
+                             step=step):
                 optimizer.step()
-            with meter.phase(label, step, "zero_grad"):
+            with meter.phase("zero_grad", kind="phase", run=label, step=step):
                 optimizer.zero_grad(set_to_none=True)
     params = list(model.parameters())
     row = {"kind": "run", "run": label, "recipe": recipe, "param_dtype": param_dtype,
@@ -215,7 +122,7 @@ def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
     if device not in ("cuda", "cpu"):
         raise ValueError(f"device must be 'cuda' or 'cpu' (an allocator this can read), "
                          f"got {device!r}")
-    meter = _CudaMeter() if device == "cuda" else _ProfilerMeter()
+    meter = memory_timeline.meter(device)
     cfg = TransformerConfig.preset(s.preset)
     rows: list[dict[str, Any]] = [{
         "kind": "setup", "device": env.device_name(), "device_type": device, "method": meter.method,
@@ -226,26 +133,6 @@ def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
 
 
 # --- counting on the meta device ------------------------------------------------------------
-
-
-def saved_bytes_per_layer(cfg: TransformerConfig, *, batch: int, seq: int,
-                          dtype: str = "bf16") -> int:
-    """Bytes autograd saves for backward in one transformer block (its parameters excluded), counted
-    on the meta device, where tensors have sizes but no storage: any preset, at no memory cost. With
-    the naive attention backend this includes the (batch, heads, seq, seq) attention weights, and
-    the (seq, seq) causal mask, the one saved tensor that does not grow with the batch."""
-    from mlsys.models.transformer import Block, RotaryEmbedding
-
-    checks.positive_ints(batch=batch, seq=seq)
-    dt = torch_dtype(dtype)
-    with torch.device("meta"):
-        block = Block(cfg).to(dt)
-        cos, sin = RotaryEmbedding(cfg.d_head, cfg.context_length, cfg.rope_theta)(seq)
-        x = torch.empty(batch, seq, cfg.d_model, dtype=dt, requires_grad=True)
-    counter = _SavedTensors([*block.parameters(), cos, sin])  # the RoPE tables are model buffers
-    with counter.hooks:
-        block(x, cos.to(dt), sin.to(dt))
-    return counter.nbytes
 
 
 # --- reading the rows (live or recorded) ----------------------------------------------------------

@@ -4,6 +4,9 @@
   `eager_chain_bytes`.
 - `softmax`: fused row-wise `softmax` (forward and backward), `naive_softmax`, `softmax_bytes`.
 - `rmsnorm`: fused `rmsnorm` (forward; backward gives dx and dweight), `rmsnorm_bytes`.
+- `flash_attention`: FlashAttention-2 forward and backward (`flash_attention`,
+  `FlashAttentionTriton`), the model's "flash_triton" backend; costs from
+  `mlsys.accounting.attention`.
 - They are timed by the `fused_kernels` experiment of `mlsys.experiments`
   (`python -m mlsys.experiments fused_kernels`).
 - `_triton`: the only place Triton is imported (it sets `TRITON_INTERPRET=1` first when there is no

@@ -19,11 +19,16 @@ from mlsys import checks
 ATTENTION_BACKENDS: dict[str, str] = {
     "naive": "mlsys.models.attention:naive_causal_attention",
     "sdpa": "mlsys.models.attention:sdpa_causal_attention",
+    "flash_torch": "mlsys.models.attention:flash_torch_causal_attention",
+    "flash_triton": "mlsys.kernels.flash_attention:flash_triton_causal_attention",
 }
 """The one registry of attention implementations: name -> "module:function" (resolved, and
 imported, only by `mlsys.models.attention.backend`, so this file stays torch-free). The model's
 `attention` field takes any of these names; a backend is chosen explicitly, never swapped
-quietly."""
+quietly. Each is causal, (batch, heads, seq, d_head) in and out: "naive" writes the scores out,
+"sdpa" is PyTorch's fused kernel, "flash_torch" FlashAttention-2 tiled in PyTorch, "flash_triton"
+the Triton kernels (a CUDA GPU, or the CPU under Triton's interpreter; d_head 16 to 128, a power
+of two)."""
 
 _SIZE_FIELDS = ("vocab_size", "context_length", "d_model", "n_layers", "n_heads", "d_ff")
 
@@ -40,7 +45,7 @@ class TransformerConfig:
     d_ff: int = 176  # hidden width of the SwiGLU feed-forward (about 8/3 d_model, rounded to 16)
     rope_theta: float = 10_000.0  # RoPE base: pair i rotates by position * theta ** (-2i / d_head)
     norm_eps: float = 1e-5  # added to the mean square inside RMSNorm
-    attention: str = "naive"  # "naive" (softmax(QK^T) V written out) or "sdpa" (PyTorch fused)
+    attention: str = "naive"  # a name in ATTENTION_BACKENDS: "naive", "sdpa", "flash_torch", ...
 
     def __post_init__(self) -> None:
         for name in _SIZE_FIELDS:
@@ -88,6 +93,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     # tiny, for CPU tests and smoke runs (= the dataclass defaults)
     "debug": dict(vocab_size=1_000, context_length=128, d_model=64, d_ff=176, n_layers=2,
                   n_heads=4),
+    # a few tens of milliseconds per training step on a laptop CPU: the chapters' cpu profile
+    "laptop": dict(vocab_size=4_096, context_length=256, d_model=256, d_ff=1_024, n_layers=4,
+                   n_heads=4),
     # CS336 assignment-2 model table (d_ff = 4 d_model for every standard size)
     "small": _cs336(d_model=768, d_ff=3_072, n_layers=12, n_heads=12),
     "medium": _cs336(d_model=1_024, d_ff=4_096, n_layers=24, n_heads=16),

@@ -14,15 +14,17 @@ from mlsys.checks import positive_ints
 from mlsys.models.config import TransformerConfig
 
 
-def count_model_flops(cfg: TransformerConfig, batch: int, seq: int, *,
-                      backward: bool = False) -> FlopCounterMode:
+def count_model_flops(cfg: TransformerConfig, batch: int, seq: int, *, backward: bool = False,
+                      checkpoint_segment: int | None = None) -> FlopCounterMode:
     """Build `Transformer(cfg)` on the meta device and run it under `FlopCounterMode`.
 
     Meta tensors have shapes but no storage: even the largest preset costs no memory and no
     arithmetic runs, yet every operator dispatches, so the counter sees each matmul with its shapes
     and attributes it to the module that ran it. Returns the counter (`get_total_flops()`,
     `get_flop_counts()` keyed "Transformer.blocks.0.attn.q_proj", ...). With `backward`, the
-    backward of `logits.sum()` is counted too.
+    backward of `logits.sum()` is counted too; with `checkpoint_segment`, the blocks are
+    checkpointed in segments of that many (`mlsys.models.checkpointing`), so the backward's
+    count includes the forward it reruns.
     """
     from mlsys.models.transformer import Transformer
 
@@ -31,6 +33,10 @@ def count_model_flops(cfg: TransformerConfig, batch: int, seq: int, *,
     positive_ints(batch=batch, seq=seq)
     with torch.device("meta"):
         model = Transformer(cfg)
+        if checkpoint_segment is not None:
+            from mlsys.models.checkpointing import checkpoint_blocks
+
+            checkpoint_blocks(model, checkpoint_segment)
         tokens = torch.zeros(batch, seq, dtype=torch.long)
         with FlopCounterMode(display=False) as counter:
             logits = model(tokens)

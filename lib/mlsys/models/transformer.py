@@ -11,7 +11,9 @@ rotary position embeddings (Su et al., 2021, "RoFormer") on q and k, and a causa
 feed-forward is SwiGLU (Shazeer, 2020, "GLU Variants Improve Transformer"): w2(silu(w1 x) * w3 x).
 RMSNorm is Zhang & Sennrich (2019). The attention backend is an explicit config field:
 "naive" writes softmax(QK^T / sqrt(d_head) + mask) V out; "sdpa" calls PyTorch's fused
-`scaled_dot_product_attention`.
+`scaled_dot_product_attention`; "flash_torch" is FlashAttention-2 tiled in PyTorch and
+"flash_triton" its Triton kernels, which run only where Triton does (a CUDA GPU, or the CPU under
+the interpreter) and raise a clear error elsewhere (`mlsys.models.config.ATTENTION_BACKENDS`).
 
 The model builds on the meta device without allocating (`with torch.device("meta"):
 Transformer(cfg)`); after `model.to_empty(device=...)`, call `model.init_weights(seed=...)` to

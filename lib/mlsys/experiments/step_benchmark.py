@@ -1,0 +1,274 @@
+"""Forward, forward + backward and full training step of the book's presets, against their FLOPs.
+
+For each model and sequence length, three callables are timed round-robin with the ceiling probes
+of the same device (a square matmul in the run's dtype and a large copy): the forward pass (with
+autograd on, as in training), the forward and backward pass, and the full step with AdamW. Each
+time is predicted before it is read: forward matmul FLOPs over the measured matmul ceiling,
+forward + backward as 3x that, and the step as that plus the optimizer's minimum traffic
+(`accounting.bytes.adamw_traffic`) over the measured copy bandwidth. A row that runs out of memory
+is recorded as such and the sweep goes on. `third_party_rows` puts the seed's Ampere-GPU table
+(`mlsys.third_party`) beside the book's predictions for that GPU.
+Used in: §sec-benchmarking.
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from mlsys import bench, env, hardware, third_party
+from mlsys.accounting import bytes as B
+from mlsys.accounting import flops
+from mlsys.accounting.params import count_params
+from mlsys.book import Table, num, verdict
+from mlsys.experiments import Experiment, timing_fields
+from mlsys.models.config import TransformerConfig
+from mlsys.probes import copy_probe, matmul_probe
+
+MODES = ("forward", "forward+backward", "step")
+
+
+@dataclass(frozen=True)
+class Sizes:
+    models: tuple[tuple[str, TransformerConfig], ...]  # (name, config) in order of size
+    seqs: tuple[int, ...]
+    batch: int
+    dtype: str  # "fp32", or "bf16" (matmuls under torch.autocast)
+    ceiling_size: int  # N of the square matmul probe
+    copy_bytes: int  # the bandwidth probe
+    warmup: int
+    repeats: int
+
+
+def _presets(*names: str) -> tuple[tuple[str, TransformerConfig], ...]:
+    return tuple((name, TransformerConfig.preset(name)) for name in names)
+
+
+SIZES = {
+    "smoke": Sizes(_presets("debug"), (32, 64, 128), 2, "fp32", 512, 2**27, 1, 3),
+    "cpu": Sizes(_presets("debug", "laptop"), (64, 128, 256), 4, "fp32",
+                 1_024, 2**28, 1, 5),
+    "gpu": Sizes(_presets("small", "medium", "large", "xl", "2.7B"), (128, 256, 512, 1_024), 4,
+                 "fp32", 8_192, 2**31, 1, 4),
+}
+
+
+def _is_oom(error: BaseException) -> bool:
+    text = str(error).lower()
+    return isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in text \
+        or "can't allocate memory" in text
+
+
+def _free(device: str) -> None:
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.empty_cache()
+
+
+def _callables(model, optimizer, tokens: torch.Tensor, dtype: str) -> dict[str, Any]:
+    from mlsys.models.train import make_train_step, next_token_loss
+
+    autocast = "bf16" if dtype == "bf16" else None
+    device_type = tokens.device.type
+
+    def forward() -> None:
+        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=autocast is not None):
+            model(tokens[:, :-1])  # autograd on, as in training; the graph is freed at once
+
+    def forward_backward() -> None:
+        with torch.autocast(device_type, dtype=torch.bfloat16, enabled=autocast is not None):
+            loss = next_token_loss(model, tokens)
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    step = make_train_step(model, optimizer, tokens, autocast_dtype=autocast)
+    return {"forward": forward, "forward+backward": forward_backward, "step": step}
+
+
+def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
+    """Every model x sequence row (or its out-of-memory record), with the probes of each row."""
+    from mlsys.models.transformer import Transformer
+
+    device = device or env.device()
+    gen = torch.Generator().manual_seed(0)
+    probes = {p.name: p for p in (matmul_probe(s.ceiling_size, dtype=s.dtype, device=device),
+                                  copy_probe(s.copy_bytes, device=device))}
+    rows: list[dict[str, Any]] = []
+    for name, cfg in bench.progress(s.models, desc="models"):
+        base = {"kind": "row", "model": name, "batch": s.batch, "n_params": count_params(cfg)}
+        model = None
+        try:
+            model = Transformer(cfg).to(device)
+            model.init_weights(seed=0)
+            optimizer = torch.optim.AdamW(model.parameters())
+            for seq in (q for q in s.seqs if q <= cfg.context_length):
+                forward = flops.transformer_flops(cfg, s.batch, seq).forward_matmul_flops
+                row = {**base, "seq": seq, "forward_flops": forward,
+                       "optimizer_bytes": B.adamw_traffic(base["n_params"], "fp32").total_bytes}
+                try:
+                    tokens = torch.randint(cfg.vocab_size, (s.batch, seq + 1), generator=gen)
+                    fns = _callables(model, optimizer, tokens.to(device), s.dtype)
+                    timings = bench.benchmark_interleaved(
+                        {**fns, **{n: p.fn for n, p in probes.items()}}, warmup=s.warmup,
+                        repeats=s.repeats, device=device)
+                except (RuntimeError, torch.cuda.OutOfMemoryError) as error:
+                    if not _is_oom(error):
+                        raise
+                    rows.append({**row, "status": "out of memory"})
+                    _free(device)
+                    continue
+                row["status"] = "ok"
+                row["problems"] = bench.noise_problems(timings)
+                for mode in MODES:
+                    row[mode] = timing_fields(timings[mode])
+                for probe_name, probe in probes.items():
+                    row[probe.unit] = probe.rate(timings[probe_name].median_s)
+                rows.append(row)
+        except (RuntimeError, torch.cuda.OutOfMemoryError) as error:
+            if not _is_oom(error):
+                raise
+            rows += [{**base, "seq": seq, "status": "out of memory"} for seq in s.seqs
+                     if seq <= cfg.context_length and seq not in {r["seq"] for r in rows
+                                                                 if r["model"] == name}]
+        finally:
+            del model
+            _free(device)
+    rows.append({"kind": "setup", "dtype": s.dtype, "device": env.device_name()})
+    return rows
+
+
+# --- reading the rows (live or recorded) ----------------------------------------------------------
+
+
+def measured(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in rows if r["kind"] == "row" and r["status"] == "ok"]
+
+
+def predicted_times(forward_flops: float, optimizer_bytes: float, *, flop_per_s: float,
+                    bytes_per_s: float) -> dict[str, float]:
+    """Seconds per mode: the forward's matmul FLOPs at `flop_per_s`; forward + backward 3x that
+    (backward = 2x forward for every matmul); the step adds AdamW's minimum traffic
+    (`accounting.bytes.adamw_traffic`) at `bytes_per_s`."""
+    forward = forward_flops / flop_per_s
+    return {"forward": forward, "forward+backward": 3 * forward,
+            "step": 3 * forward + optimizer_bytes / bytes_per_s}
+
+
+def predicted_s(row: dict[str, Any], mode: str) -> float:
+    """The row's time predicted from its FLOPs, bytes and its own measured ceilings."""
+    return predicted_times(row["forward_flops"], row["optimizer_bytes"], flop_per_s=row["flop"],
+                           bytes_per_s=row["bytes"])[mode]
+
+
+def backward_ratio(row: dict[str, Any]) -> float:
+    """Backward time / forward time, the backward being (forward + backward) - forward."""
+    fwd = row["forward"]["median_s"]
+    return (row["forward+backward"]["median_s"] - fwd) / fwd
+
+
+def table(rows: list[dict[str, Any]]) -> Table:
+    out = []
+    for r in (r for r in rows if r["kind"] == "row"):
+        if r["status"] != "ok":
+            out.append([r["model"], r["seq"], r["status"], "", "", "", "", ""])
+            continue
+        cells = [r["model"], r["seq"]]
+        for mode in MODES:
+            t = r[mode]
+            spread = f"{num(t['p20_s'] * 1e3)}–{num(t['p80_s'] * 1e3)}"
+            cells.append(f"{num(t['median_s'] * 1e3)} ({spread})")
+        cells += [f"{r['step']['median_s'] / predicted_s(r, 'step'):.2f}",
+                  f"{r['forward']['median_s'] / predicted_s(r, 'forward'):.2f}",
+                  f"{backward_ratio(r):.2f}"]
+        out.append(cells)
+    return Table(["model", "seq", "forward ms (p20–p80)", "fwd + bwd ms", "step ms",
+                  "step: measured / predicted", "forward: measured / predicted",
+                  "backward / forward"], out)
+
+
+def verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
+    """The overhead regime, the backward/forward ratio and the distance to the roof, in words."""
+    ok = measured(rows)
+    problems = [f"{r['model']} at {r['seq']}: {p}" for r in ok for p in r["problems"]]
+    first = ok[0]
+    same_model = [r for r in ok if r["model"] == first["model"]]
+    short = sorted(same_model, key=lambda r: r["seq"])[:2]
+    growth = short[1]["forward"]["median_s"] / short[0]["forward"]["median_s"]
+    tokens = short[1]["seq"] / short[0]["seq"]
+    regime = ("overhead-bound: the time barely follows the work" if growth < 0.5 * (1 + tokens)
+              else "the time follows the work")
+    overhead = (f"{first['model']}'s forward took {growth:.2f}x as long at {short[1]['seq']} "
+                f"tokens as at {short[0]['seq']} ({tokens:.0f}x the tokens): {regime}")
+    by_work = sorted(ok, key=lambda r: r["forward_flops"])
+    ratios = [backward_ratio(r) for r in by_work]
+    backward = (f"backward / forward went from {ratios[0]:.2f} ({by_work[0]['model']}, "
+                f"{by_work[0]['seq']} tokens) to {ratios[-1]:.2f} ({by_work[-1]['model']}, "
+                f"{by_work[-1]['seq']} tokens); the matmul count says 2")
+    big = by_work[-1]
+    ratio = big["step"]["median_s"] / predicted_s(big, "step")
+    roof = (f"the largest row's step took {ratio:.2f}x its prediction from the measured matmul "
+            "ceiling and copy bandwidth")
+    return {name: verdict(text, problems) for name, text in
+            {"overhead": overhead, "backward": backward, "roof": roof}.items()}
+
+
+def third_party_rows(accelerator: hardware.Accelerator, batch: int = 4) -> list[dict[str, Any]]:
+    """The seed's Ampere table with the FLOP/s its forward times imply at `batch` and the times the
+    fp32 CUDA-core and TF32 peaks of `accelerator` would give."""
+    out = []
+    for t in third_party.CS336_STUDENT_BENCHMARK:
+        forward = flops.transformer_flops(TransformerConfig.preset(t.preset), batch, t.seq)
+        f = forward.forward_matmul_flops
+        out.append({"preset": t.preset, "seq": t.seq, "forward_s": t.forward_s,
+                    "backward_s": t.backward_s, "forward_flops": f,
+                    "achieved_flop_per_s": f / t.forward_s,
+                    "fp32_s": f / accelerator.peak_flop_per_s("fp32"),
+                    "tf32_s": f / accelerator.peak_flop_per_s("tf32")})
+    return out
+
+
+def third_party_verdict(accelerator: hardware.Accelerator, batch: int = 4) -> str:
+    """Which peak the seed's fp32 run can have reached, and its overhead and backward ratios."""
+    rows = third_party_rows(accelerator, batch)
+    rates = [r["achieved_flop_per_s"] for r in rows]
+    fp32, tf32 = accelerator.peak_flop_per_s("fp32"), accelerator.peak_flop_per_s("tf32")
+    by = {(r["preset"], r["seq"]): r for r in rows}
+    small = by[("small", 256)]["forward_s"] / by[("small", 128)]["forward_s"]
+    ratios = [r["backward_s"] / r["forward_s"] for r in rows]
+    return (f"at batch {batch}, its forward passes reached {min(rates) / 1e12:.1f} to "
+            f"{max(rates) / 1e12:.1f} TFLOP/s: up to {max(rates) / fp32:.0%} of the "
+            f"{accelerator.name}'s {fp32 / 1e12:.1f} TFLOP/s fp32 (CUDA-core) peak and at most "
+            f"{max(rates) / tf32:.0%} of its {tf32 / 1e12:.0f} TFLOP/s TF32 peak; small took "
+            f"{small:.2f}x as long at 256 tokens as at 128, and backward / forward ran from "
+            f"{min(ratios):.2f} to {max(ratios):.2f}")
+
+
+def plot(rows: list[dict[str, Any]], ax, *, mode: str = "step") -> None:
+    """Measured time against sequence length per model, with the predicted line."""
+    from mlsys.plotting import COLORS, CYCLE, finish
+
+    ok = measured(rows)
+    for color, name in zip(CYCLE, dict.fromkeys(r["model"] for r in ok), strict=False):
+        mine = [r for r in ok if r["model"] == name]
+        seqs = [r["seq"] for r in mine]
+        ax.plot(seqs, [r[mode]["median_s"] * 1e3 for r in mine], "o-", color=color,
+                label=f"{name}, measured")
+        ax.plot(seqs, [predicted_s(r, mode) * 1e3 for r in mine], ":", color=color,
+                label=f"{name}, predicted")
+    ax.plot([], [], ":", color=COLORS["predicted"], label="predicted: FLOPs / measured ceiling")
+    finish(ax, title=f"{mode}: measured and predicted", xlabel="sequence length", ylabel="ms",
+           logx=2, logy=True)
+    ax.legend(fontsize=7, ncol=2)
+
+
+EXPERIMENT = Experiment(
+    name="step_benchmark",
+    chapter="05_benchmarking",
+    description="forward, forward+backward and AdamW step of each preset and length; OOM rows kept",
+    gpu_seconds=180,
+    sizes=SIZES,
+    run=run,
+)

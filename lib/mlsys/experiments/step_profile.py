@@ -1,0 +1,270 @@
+"""Where a training step's time goes, by phase and by class of operation, against its FLOPs.
+
+One model trains a few warm-up steps, then `steps` steps run inside `mlsys.profiling.Profile`,
+each split into the phases "forward", "backward" and "optimizer" (AdamW's step and zero_grad).
+The rows keep every op (CPU) or kernel (GPU) by phase and class, the wall and op time of each
+phase, and the model's FLOPs by the same classes (`profiling.class_flops`, forward and training),
+so a page sets time share beside FLOP share: He ("Making Deep Learning Go Brrrr", 2022) reports
+normalization at about 0.2% of BERT's FLOPs and a quarter of its runtime.
+
+Two more measurements, each timed round-robin (`bench.benchmark_interleaved`):
+- the profiler's own cost: the same training step with and without the profiler running
+  (`profiling.profiler_overhead`);
+- the core of written-out attention at the model's shapes, op by op: scores q k^T, the masked
+  softmax, and P v. Each matmul does 2 d_head FLOPs per score and the softmax about 5, so the FLOP
+  ratio of one matmul to the softmax is 2 d_head / 5 (25.6 at d_head = 64), and of both matmuls
+  0.8 d_head; the seed's "64x" divides d_model by n_heads and calls that the ratio.
+Used in: §sec-profiling.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from mlsys import bench, env, profiling
+from mlsys.accounting import flops as F
+from mlsys.book import Table, num, verdict
+from mlsys.experiments import Experiment, timing_fields, timing_of
+from mlsys.models.config import TransformerConfig
+
+PHASES = ("forward", "backward", "optimizer")
+CORE = ("scores", "softmax", "values")  # q @ k^T, masked softmax, P @ v
+SOFTMAX_OPS_PER_SCORE = F.SOFTMAX_OPS_PER_ELEMENT
+
+
+@dataclass(frozen=True)
+class Sizes:
+    preset: str  # the model (`TransformerConfig.preset`)
+    batch: int
+    seq: int
+    steps: int  # profiled training steps
+    warmup: int  # training steps before the profile
+    repeats: int  # samples per callable for the overhead and the attention-core timings
+
+
+SIZES = {
+    "smoke": Sizes("debug", 2, 64, 1, 1, 3),
+    "cpu": Sizes("laptop", 4, 128, 2, 2, 5),
+    "gpu": Sizes("small", 4, 512, 3, 3, 20),
+}
+
+
+def _profile_steps(model, optimizer, tokens, s: Sizes, device: str) -> profiling.Profile:
+    from mlsys.models.train import next_token_loss
+
+    with profiling.Profile(device=device, model=model) as prof:
+        for _ in range(s.steps):
+            with prof.phase("forward"):
+                loss = next_token_loss(model, tokens)
+            with prof.phase("backward"):
+                loss.backward()
+            with prof.phase("optimizer"):
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+    return prof
+
+
+def _attention_core(cfg: TransformerConfig, s: Sizes, device: str) -> dict[str, bench.Timing]:
+    """The three steps of written-out causal attention at the model's shapes, timed apart."""
+    gen = torch.Generator().manual_seed(1)
+    shape = (s.batch, cfg.n_heads, s.seq, cfg.d_head)
+    q, k, v = (torch.randn(shape, generator=gen).to(device) for _ in range(3))
+    future = torch.ones(s.seq, s.seq, dtype=torch.bool, device=device).triu(diagonal=1)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(cfg.d_head)
+    probs = scores.masked_fill(future, float("-inf")).softmax(dim=-1)
+    fns = {"scores": lambda: q @ k.transpose(-2, -1),
+           "softmax": lambda: scores.masked_fill(future, float("-inf")).softmax(dim=-1),
+           "values": lambda: probs @ v}
+    return bench.benchmark_interleaved(fns, warmup=2, repeats=s.repeats, device=device)
+
+
+def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
+    """Profile `s.steps` steps after `s.warmup`; then the profiler's overhead; then the attention
+    core. Rows: setup, phase, op, class, flops, overhead, core."""
+    from mlsys.models.train import make_train_step
+    from mlsys.models.transformer import Transformer
+
+    device = device or env.device()
+    cfg = TransformerConfig.preset(s.preset)
+    if s.seq > cfg.context_length:
+        raise ValueError(f"seq ({s.seq}) exceeds the {s.preset} context_length "
+                         f"({cfg.context_length})")
+    model = Transformer(cfg).to(device)
+    model.init_weights(seed=0)
+    optimizer = torch.optim.AdamW(model.parameters())
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(cfg.vocab_size, (s.batch, s.seq + 1), generator=gen).to(device)
+    step = make_train_step(model, optimizer, tokens)
+    for _ in range(s.warmup):
+        step()
+    prof = _profile_steps(model, optimizer, tokens, s, device)
+    rows: list[dict[str, Any]] = [{
+        "kind": "setup", "device": env.device_name(), "device_type": device, "preset": s.preset,
+        "batch": s.batch, "seq": s.seq, "steps": s.steps, "d_head": cfg.d_head,
+        "n_heads": cfg.n_heads, "attention": cfg.attention}]
+    rows += [{"kind": "phase", **asdict(p)} for p in prof.phases()]
+    rows += [{"kind": "op", **asdict(o)} for o in prof.ops()]
+    rows += [{"kind": "class", **asdict(c)} for c in prof.classes()]
+    for training in (False, True):
+        rows.append({"kind": "flops", "training": training,
+                     "by_class": profiling.class_flops(cfg, s.batch, s.seq, training=training)})
+    overhead = profiling.profiler_overhead(step, device=device, model=model, warmup=1,
+                                           repeats=s.repeats)
+    rows.append({"kind": "overhead", "plain": timing_fields(overhead.plain),
+                 "profiled": timing_fields(overhead.profiled)})
+    core = _attention_core(cfg, s, device)
+    rows.append({"kind": "core", "problems": bench.noise_problems(core),
+                 **{name: timing_fields(t) for name, t in core.items()}})
+    return rows
+
+
+# --- reading the rows (live or recorded) ----------------------------------------------------------
+
+
+def setup(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return next(r for r in rows if r["kind"] == "setup")
+
+
+def _of(rows: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [{k: v for k, v in r.items() if k != "kind"} for r in rows if r["kind"] == kind]
+
+
+def classes(rows: list[dict[str, Any]]) -> list[profiling.ClassShare]:
+    return [profiling.ClassShare(**r) for r in _of(rows, "class")]
+
+
+def ops(rows: list[dict[str, Any]]) -> list[profiling.OpRow]:
+    return [profiling.OpRow(**r) for r in _of(rows, "op")]
+
+
+def class_flops(rows: list[dict[str, Any]], *, training: bool = True) -> dict[str, int]:
+    return next(r["by_class"] for r in _of(rows, "flops") if r["training"] == training)
+
+
+def share(rows: list[dict[str, Any]], op_class: str, phase: str = "all") -> float:
+    """The time share of `op_class` in `phase` ("all": the whole profile)."""
+    return next(c.share for c in classes(rows) if c.phase == phase and c.op_class == op_class)
+
+
+def class_table(rows: list[dict[str, Any]]) -> Table:
+    """Time share of every class per phase, beside its share of the training FLOPs."""
+    return profiling.class_table(classes(rows), class_flops(rows, training=True))
+
+
+def op_table(rows: list[dict[str, Any]], *, top: int = 10, exclude: tuple[str, ...] = ()) -> Table:
+    """The `top` slowest ops (kernels on a GPU) of the profile, leaving out classes `exclude`."""
+    kept = [o for o in ops(rows) if o.op_class not in exclude]
+    return profiling.op_table(kept, top=top, kernels=setup(rows)["device_type"] == "cuda")
+
+
+def phase_table(rows: list[dict[str, Any]]) -> Table:
+    """Per phase: wall time, time inside ops (kernels), and the rest, per step (ms)."""
+    steps = setup(rows)["steps"]
+    body = []
+    for p in (profiling.PhaseTime(**r) for r in _of(rows, "phase")):
+        if p.phase == profiling.NO_PHASE:
+            continue
+        body.append([p.phase, num(p.wall_s / steps * 1e3), num(p.op_s / steps * 1e3),
+                     f"{p.outside_ops_s / p.wall_s:.0%}"])
+    ops_name = "kernels" if setup(rows)["device_type"] == "cuda" else "ops"
+    return Table(["phase", "wall (ms/step)", f"in {ops_name} (ms/step)", f"outside {ops_name}"],
+                 body)
+
+
+def core_flops(rows: list[dict[str, Any]]) -> dict[str, int]:
+    """FLOPs of the three attention-core steps at the profiled shapes."""
+    st = setup(rows)
+    scores = st["batch"] * st["n_heads"] * st["seq"] ** 2
+    return {"scores": 2 * scores * st["d_head"], "softmax": SOFTMAX_OPS_PER_SCORE * scores,
+            "values": 2 * scores * st["d_head"]}
+
+
+def core_table(rows: list[dict[str, Any]]) -> Table:
+    """The attention core op by op: time, FLOPs, rate, and both as multiples of the softmax's."""
+    core = next(r for r in rows if r["kind"] == "core")
+    fl = core_flops(rows)
+    soft_t, soft_f = core["softmax"]["median_s"], fl["softmax"]
+    body = [[name, num(core[name]["median_s"] * 1e6),
+             f"{num(core[name]['p20_s'] * 1e6)}–{num(core[name]['p80_s'] * 1e6)}",
+             num(fl[name] / 1e6), num(fl[name] / core[name]["median_s"] / 1e9),
+             f"{core[name]['median_s'] / soft_t:.2f}", f"{fl[name] / soft_f:.1f}"]
+            for name in CORE]
+    return Table(["step", "median (µs)", "p20–p80 (µs)", "MFLOP", "GFLOP/s",
+                  "time / softmax's", "FLOPs / softmax's"], body)
+
+
+def verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
+    """Sentences computed from the rows: matmul share by phase, normalization time vs FLOPs (He),
+    the attention core against its FLOP ratio, and the profiler's overhead."""
+    fl = profiling.shares(class_flops(rows, training=True))
+    phases = [p for p in PHASES if any(c.phase == p for c in classes(rows))]
+    matmul_s = {c.phase: c.self_s for c in classes(rows) if c.op_class == "matmul"}
+    backward = matmul_s.get("backward", 0.0) / matmul_s["all"] if matmul_s["all"] else 0.0
+    matmul = ("matmuls take " + ", ".join(f"{share(rows, 'matmul', p):.0%} of the {p}'s"
+                                          for p in phases)
+              + f" op time and {share(rows, 'matmul'):.0%} of the whole step's, for "
+              f"{fl['matmul']:.1%} of its FLOPs; the backward holds {backward:.0%} of the matmul "
+              "time, where the FLOP count puts two thirds")
+    norm_t, norm_f = share(rows, "normalization"), fl["normalization"]
+    norm = (f"normalization takes {norm_t:.1%} of the op time for {norm_f:.2%} of the FLOPs: "
+            f"{norm_t / norm_f:.0f}x its FLOP share" if norm_f else
+            f"normalization takes {norm_t:.1%} of the op time")
+    core = next(r for r in rows if r["kind"] == "core")
+    fl_core = core_flops(rows)
+    t_ratio = core["scores"]["median_s"] / core["softmax"]["median_s"]
+    f_ratio = fl_core["scores"] / fl_core["softmax"]
+    softmax_rate = fl_core["softmax"] / core["softmax"]["median_s"]
+    matmul_rate = fl_core["scores"] / core["scores"]["median_s"]
+    relation = "longer than" if t_ratio > 1 else "shorter than"
+    attention = (f"q k^T does {f_ratio:.1f}x the softmax's FLOPs (2 d_head / 5 with d_head = "
+                 f"{setup(rows)['d_head']}) yet takes {t_ratio:.2f}x its time ({relation} it): "
+                 f"the softmax runs at {softmax_rate / matmul_rate:.1%} of the matmul's FLOP/s")
+    oh = next(r for r in rows if r["kind"] == "overhead")
+    ratio = oh["profiled"]["median_s"] / oh["plain"]["median_s"]
+    overhead = (f"the profiled step took {ratio:.2f}x the plain one "
+                f"({num(oh['profiled']['median_s'] * 1e3)} vs {num(oh['plain']['median_s'] * 1e3)}"
+                " ms)")
+    core_problems = bench.noise_problems({k: timing_of(core[k]) for k in CORE})
+    overhead_problems = bench.noise_problems({"plain step": timing_of(oh["plain"]),
+                                              "profiled step": timing_of(oh["profiled"])})
+    return {"matmul": matmul, "normalization": norm,
+            "attention": verdict(attention, core_problems),
+            "overhead": verdict(overhead, overhead_problems)}
+
+
+def plot(rows: list[dict[str, Any]], ax) -> None:
+    """Time share per class in each phase and the whole step, with the FLOP share beside."""
+    from mlsys.plotting import CYCLE, finish
+
+    flop = profiling.shares(class_flops(rows, training=True))
+    shown = [c for c in profiling.CLASSES if share(rows, c) > 0.005 or flop.get(c, 0) > 0.005]
+    bars = [p for p in PHASES if any(c.phase == p for c in classes(rows))] + ["all"]
+    width = 0.8 / (len(bars) + 1)
+    for i, phase in enumerate(bars):
+        ax.bar([x + i * width for x in range(len(shown))],
+               [100 * share(rows, c, phase) for c in shown], width, color=CYCLE[i],
+               label=f"time: {'whole step' if phase == 'all' else phase}")
+    ax.bar([x + len(bars) * width for x in range(len(shown))],
+           [100 * flop.get(c, 0.0) for c in shown], width, color="none", edgecolor="black",
+           hatch="//", label="FLOPs: training step")
+    ax.set_xticks([x + 0.4 - width / 2 for x in range(len(shown))], shown, rotation=20)
+    finish(ax, title="time share and FLOP share by class", ylabel="% of the phase")
+    ax.legend(fontsize=7)
+
+
+def table(rows: list[dict[str, Any]]) -> Table:
+    """The summary `python -m mlsys.experiments` prints: `class_table`."""
+    return class_table(rows)
+
+EXPERIMENT = Experiment(
+    name="step_profile",
+    chapter="05_benchmarking",
+    description="profiler tables of a training step by phase and class; attention core; overhead",
+    gpu_seconds=60,
+    sizes=SIZES,
+    run=run,
+)

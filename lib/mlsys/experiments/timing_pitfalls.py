@@ -1,0 +1,202 @@
+"""Five ways to time a kernel wrongly, each measured: warm-up, sync, clocks, spread, caches.
+
+1. No warm-up: the first calls of a fresh model pay one-time costs (allocator growth, lazy
+   initialization, on a GPU kernel loading and library autotuning; with `torch.compile`, the
+   compilation itself). Each of the first calls is timed alone, then the steady state.
+2. No synchronization: CUDA kernels are launched asynchronously, so a host timer around a loop of
+   launches measures the launches, not the work, unless the device is synchronized first.
+3. Host clock or device events: a synchronized host timer adds the launch and synchronization
+   latency to every sample; CUDA events time the work on the device.
+4. A lone mean: a few slow samples (another process, a page fault) pull the mean; the median and
+   the p20–p80 range do not move.
+5. Warm caches: a small tensor timed in a loop stays in the last-level cache and runs faster than it
+   would in a real step; `bench.benchmark(flush_bytes=...)` writes a large buffer between calls.
+Items 2 and 3 need a GPU: on a CPU ops finish before the call returns, and the rows say so.
+Used in: §sec-benchmarking.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from mlsys import bench, env
+from mlsys.book import Table, num
+from mlsys.experiments import Experiment, timing_fields, timing_of
+from mlsys.models.config import TransformerConfig
+
+
+@dataclass(frozen=True)
+class Sizes:
+    model: TransformerConfig  # the fresh model whose first calls are timed
+    batch: int
+    seq: int
+    first_calls: int  # calls timed one by one after building the model
+    matmul: int  # N of the matmuls of the synchronization test
+    launches: int  # matmuls launched per sample in the synchronization test
+    small_numel: int  # elements of the tiny op (clocks, spread)
+    spread_samples: int
+    cache_bytes: int  # a tensor small enough to stay in the last-level cache
+    flush_bytes: int  # the buffer written between calls to evict it
+    compile: bool  # also time torch.compile's first calls
+    repeats: int
+
+
+SIZES = {
+    "smoke": Sizes(TransformerConfig.preset("debug"), 2, 64, 4, 256, 20, 1024, 100, 2**22,
+                   2**27, False, 9),
+    "cpu": Sizes(TransformerConfig.preset("debug"), 4, 128, 5, 512, 20, 1024, 200, 2**22,
+                 2**28, True, 15),
+    "gpu": Sizes(TransformerConfig.preset("small"), 4, 512, 5, 4_096, 50, 1024, 500, 2**24,
+                 2**30, True, 30),
+}
+
+
+def _first_calls(fn, n: int, device: str) -> list[float]:
+    """Seconds of each of the first `n` calls of `fn`, timed one by one, with no warm-up."""
+    out = []
+    for _ in range(n):
+        out.append(bench.benchmark(fn, warmup=0, repeats=1, device=device).median_s)
+    return out
+
+
+def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
+    from mlsys.models.transformer import Transformer
+
+    device = device or env.device()
+    gen = torch.Generator().manual_seed(0)
+    rows: list[dict[str, Any]] = []
+    # 1. warm-up: a fresh model's first calls, then its steady state
+    model = Transformer(s.model).to(device)
+    tokens = torch.randint(s.model.vocab_size, (s.batch, s.seq), generator=gen).to(device)
+    first = _first_calls(lambda: model(tokens), s.first_calls, device)
+    steady = bench.benchmark(lambda: model(tokens), warmup=1, repeats=s.repeats, device=device)
+    rows.append({"kind": "warmup", "what": "eager forward", "first_s": first,
+                 **timing_fields(steady)})
+    if s.compile:
+        torch._dynamo.reset()
+        compiled = torch.compile(model)
+        first = _first_calls(lambda: compiled(tokens), s.first_calls, device)
+        steady = bench.benchmark(lambda: compiled(tokens), warmup=1, repeats=s.repeats,
+                                 device=device)
+        rows.append({"kind": "warmup", "what": "torch.compile forward", "first_s": first,
+                     **timing_fields(steady)})
+    # 2. synchronization: a loop of matmul launches timed by the host clock, with and without
+    a, b = (torch.randn(s.matmul, s.matmul, generator=gen).to(device) for _ in range(2))
+
+    def launches() -> None:
+        for _ in range(s.launches):
+            a @ b
+
+    bench.benchmark(launches, warmup=2, repeats=1, device=device)  # warm-up
+    unsynced, synced = [], []
+    for _ in range(s.repeats):
+        t0 = time.perf_counter()
+        launches()
+        unsynced.append(time.perf_counter() - t0)
+        bench._synchronize(device)
+        t0 = time.perf_counter()
+        launches()
+        bench._synchronize(device)
+        synced.append(time.perf_counter() - t0)
+    rows.append({"kind": "sync", "launches": s.launches, "matmul": s.matmul,
+                 "unsynced_s": statistics.median(unsynced), "synced_s": statistics.median(synced)})
+    # 3. clocks: one tiny op, host clock (synchronized) and, on a GPU, CUDA events
+    x = torch.ones(s.small_numel, device=device)
+    if device == "cuda":
+        host_samples = []
+        for _ in range(s.repeats):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            x.add_(1.0)
+            torch.cuda.synchronize()
+            host_samples.append(time.perf_counter() - t0)
+        host = bench.Timing(tuple(host_samples), 0, "cuda")
+        events = bench.benchmark(lambda: x.add_(1.0), warmup=3, repeats=s.repeats, device=device)
+        rows.append({"kind": "clock", "host": timing_fields(host), "events": timing_fields(events)})
+    else:  # the host clock is all a CPU has
+        host = bench.benchmark(lambda: x.add_(1.0), warmup=3, repeats=s.repeats, device=device)
+        rows.append({"kind": "clock", "host": timing_fields(host), "events": None})
+    # 4. spread: many samples of the tiny op
+    spread = bench.benchmark(lambda: x.add_(1.0), warmup=3, repeats=s.spread_samples, device=device)
+    rows.append({"kind": "spread", **timing_fields(spread)})
+    # 5. caches: a tensor that fits in the last-level cache, warm and flushed
+    y = torch.ones(s.cache_bytes // 4, device=device)
+    warm = bench.benchmark(lambda: y.sum(), warmup=3, repeats=s.repeats, device=device)
+    cold = bench.benchmark(lambda: y.sum(), warmup=3, repeats=s.repeats, device=device,
+                           flush_bytes=s.flush_bytes)
+    rows.append({"kind": "cache", "bytes": s.cache_bytes, "flush_bytes": s.flush_bytes,
+                 "warm": timing_fields(warm), "flushed": timing_fields(cold)})
+    rows.append({"kind": "setup", "device": device})
+    return rows
+
+
+# --- reading the rows (live or recorded) ----------------------------------------------------------
+
+
+def _row(rows: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    return next(r for r in rows if r["kind"] == kind)
+
+
+def sentences(rows: list[dict[str, Any]]) -> dict[str, str]:
+    """One sentence per pitfall, computed from its numbers."""
+    out = {}
+    for r in (r for r in rows if r["kind"] == "warmup"):
+        first, median = r["first_s"], r["median_s"]
+        out[f"warmup: {r['what']}"] = (
+            f"{r['what']}: the first call took {num(first[0] * 1e3)} ms, "
+            f"{first[0] / median:,.1f}x the steady median of {num(median * 1e3)} ms; the next "
+            f"{len(first) - 1} took {', '.join(f'{t / median:.1f}x' for t in first[1:])}")
+    sync = _row(rows, "sync")
+    ratio = sync["synced_s"] / sync["unsynced_s"]
+    out["sync"] = (f"{sync['launches']} matmuls of {sync['matmul']}: "
+                   f"{num(sync['unsynced_s'] * 1e3)} ms by the host clock without synchronizing, "
+                   f"{num(sync['synced_s'] * 1e3)} ms "
+                   "with: " + (f"the unsynchronized number is {ratio:.1f}x too small, it times the "
+                               "launches, not the work" if ratio > 1.5 else
+                               "they agree, because every op here finishes before its call "
+                               "returns" if ratio < 1.2 else
+                               f"the unsynchronized number misses {1 - 1 / ratio:.0%} of the work"))
+    clock = _row(rows, "clock")
+    host = timing_of(clock["host"])
+    if clock["events"] is None:
+        out["clock"] = (f"a tiny op took {num(host.median_s * 1e6)} µs by the host clock; this "
+                        "device has no events to compare (a CPU)")
+    else:
+        events = timing_of(clock["events"])
+        out["clock"] = (f"a tiny op: {num(host.median_s * 1e6)} µs by the synchronized host clock, "
+                        f"{num(events.median_s * 1e6)} µs by CUDA events: the host clock adds "
+                        f"{num((host.median_s - events.median_s) * 1e6)} µs of launch and "
+                        "synchronization to every sample")
+    spread = timing_of(_row(rows, "spread"))
+    mean = statistics.fmean(spread.samples_s)
+    out["spread"] = (f"{len(spread.samples_s)} samples of a tiny op: median "
+                     f"{num(spread.median_s * 1e6)} µs (p20–p80 {num(spread.p20_s * 1e6)}–"
+                     f"{num(spread.p80_s * 1e6)}), mean "
+                     f"{num(mean * 1e6)} µs, slowest {num(max(spread.samples_s) * 1e6)} µs: the "
+                     f"mean sits {mean / spread.median_s - 1:+.0%} from the median")
+    cache = _row(rows, "cache")
+    warm, cold = timing_of(cache["warm"]), timing_of(cache["flushed"])
+    out["cache"] = (f"summing {cache['bytes'] / 2**20:.0f} MiB: {num(warm.median_s * 1e6)} µs "
+                    f"warm, {num(cold.median_s * 1e6)} µs after flushing "
+                    f"{cache['flush_bytes'] / 2**20:.0f} MiB "
+                    f"({cold.median_s / warm.median_s:.2f}x)")
+    return out
+
+
+def table(rows: list[dict[str, Any]]) -> Table:
+    return Table(["pitfall", "measured"], [[k, v] for k, v in sentences(rows).items()])
+
+
+EXPERIMENT = Experiment(
+    name="timing_pitfalls",
+    chapter="05_benchmarking",
+    description="warm-up, synchronization, host clock vs events, mean vs median, flushed caches",
+    gpu_seconds=90,
+    sizes=SIZES,
+    run=run,
+)

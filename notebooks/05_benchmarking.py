@@ -1,0 +1,570 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# (sec-benchmarking)=
+# # Benchmarking and profiling a training step
+#
+# **Question.** A student timed the forward pass of the `small` preset (4 × 128 tokens) on an A100
+# at {glue:text}`q_small_128_ms:.1f` ms, and at 4 × 256 tokens at {glue:text}`q_small_256_ms:.1f`
+# ms: twice the work in the same time, where the A100's fp32 peak says {glue:text}`q_fp32_ms:.1f`
+# ms. How long do a forward pass, a backward pass and an AdamW step of the book's presets take,
+# where does that time go kernel by kernel, where does the memory go byte by byte, and does each
+# agree with what chapters 02–04 predict?
+
+# %% tags=["remove-cell"]
+# Colab or a fresh kernel: install the book's library if it is missing (a no-op in the book's own
+# environment). Offline, install it from a clone instead: `pip install -e .` at the clone's root.
+import importlib
+import importlib.util
+import subprocess
+import sys
+
+MLSYS_SOURCE = "git+https://github.com/mlsys-book/mlsys-book"
+if importlib.util.find_spec("mlsys") is None:
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", MLSYS_SOURCE],
+                         capture_output=True, text=True)
+    if pip.returncode != 0:
+        raise RuntimeError(
+            f"This chapter needs the book's library `mlsys`, and `pip install {MLSYS_SOURCE}` "
+            f"failed (offline?):\n{pip.stderr.strip()[-800:]}\nInstall it from a clone of the "
+            "repository (`pip install -e .` at its root), then restart the kernel.")
+    importlib.invalidate_caches()
+
+# %%
+from mlsys import env
+
+print(env.describe())
+
+# %%
+import matplotlib.pyplot as plt
+from IPython.display import display
+
+from mlsys import experiments, hardware, plotting, profiling, third_party
+from mlsys.accounting import activations, flops, memory
+from mlsys.accounting import bytes as B
+from mlsys.accounting.params import count_params
+from mlsys.book import Table, glue, num
+from mlsys.experiments import (
+    compile_step,
+    step_benchmark,
+    step_memory,
+    step_profile,
+    timing_pitfalls,
+)
+from mlsys.models.config import TransformerConfig
+
+# %% tags=["parameters"]
+# Napkin math (nothing measured): the seed's GPU, and the model and batch of the predictions
+SEED_GPU = hardware.A100_80GB_SXM  # the student's table came from an Ampere GPU, in fp32
+SPEC = hardware.H100_SXM
+PRESET, BATCH, SEQ = "small", 4, 512
+CHECKPOINT_SEGMENTS = (1, 3, 12)  # blocks per checkpointed segment; sqrt(12) ~ 3
+# Measurements: sizes per profile live with each experiment (lib/mlsys/experiments/)
+PITFALLS = env.pick(**timing_pitfalls.SIZES)
+BENCH = env.pick(**step_benchmark.SIZES)
+PROFILE = env.pick(**step_profile.SIZES)
+MEMORY = env.pick(**step_memory.SIZES)
+COMPILE = env.pick(**compile_step.SIZES)
+print(PITFALLS, BENCH, PROFILE, MEMORY, COMPILE, sep="\n")
+
+# %% [markdown]
+# Chapters 03 and 04 priced a step in FLOPs and bytes. This chapter measures one: first how to time
+# it without fooling oneself, then the time of whole steps against their prediction, then a profile
+# that splits the step into classes of kernels, then the memory, allocation by allocation. It
+# follows the benchmarking and profiling part of Stanford CS336's second assignment
+# {cite}`cs336_2025`, whose answers by one student (the book's seed) are checked throughout: their
+# figures are a third party's measurements and are labelled so.
+#
+# ## Napkin math
+#
+# ### Time
+#
+# A training step is one forward, a backward that costs twice the forward's matmul FLOPs, and an
+# optimizer step that reads and writes AdamW's state: at least {glue:text}`adamw_b_per_param` bytes
+# per parameter in fp32 (`accounting.bytes.adamw_traffic`). With the matmul peak $P$ and bandwidth
+# $\beta$:
+#
+# $$ T_\text{step} \approx \frac{3F_\text{fwd}}{P} + \frac{28N}{\beta}. $$
+#
+# ```{literalinclude} ../lib/mlsys/experiments/step_benchmark.py
+# :pyobject: predicted_times
+# ```
+#
+# The student's run was fp32, whose matmuls run on the A100's CUDA cores ({glue:text}`a100_fp32:.1f`
+# TFLOP/s) unless TF32 is switched on ({glue:text}`a100_tf32:.0f` TFLOP/s, tensor cores). What their
+# forward times imply, at the batch of 4 the assignment uses:
+
+# %%
+adamw_bytes = B.adamw_traffic(count_params(TransformerConfig.preset(PRESET)), "fp32")
+assert adamw_bytes.total_bytes == 28 * count_params(TransformerConfig.preset(PRESET))  # 28N
+glue("adamw_b_per_param", 28)
+seed_rows = step_benchmark.third_party_rows(SEED_GPU)
+by_key = {(r["preset"], r["seq"]): r for r in seed_rows}
+small_128, small_256 = by_key[("small", 128)], by_key[("small", 256)]
+for name, value in {"q_small_128_ms": small_128["forward_s"] * 1e3,
+                    "q_small_256_ms": small_256["forward_s"] * 1e3,
+                    "q_fp32_ms": small_128["fp32_s"] * 1e3,
+                    "a100_fp32": SEED_GPU.peak_flop_per_s("fp32") / 1e12,
+                    "a100_tf32": SEED_GPU.peak_flop_per_s("tf32") / 1e12,
+                    "seed_verdict": step_benchmark.third_party_verdict(SEED_GPU)}.items():
+    glue(name, value)
+seed_bwd = [r["backward_s"] / r["forward_s"] for r in seed_rows]
+assert small_256["forward_s"] < 1.1 * small_128["forward_s"]  # twice the tokens, same time
+assert min(seed_bwd) < 1.6 and max(seed_bwd) > 2  # the lessons below, read from their table
+assert max(r["achieved_flop_per_s"] for r in seed_rows) < SEED_GPU.peak_flop_per_s("fp32")
+Table(["preset", "seq", "forward ms (theirs)", "backward / forward", "at fp32 peak (ms)",
+       "at TF32 peak (ms)", "achieved TFLOP/s"],
+      [[r["preset"], r["seq"], num(r["forward_s"] * 1e3), f"{r['backward_s'] / r['forward_s']:.2f}",
+        num(r["fp32_s"] * 1e3), num(r["tf32_s"] * 1e3), num(r["achieved_flop_per_s"] / 1e12)]
+       for r in seed_rows])
+
+# %% [markdown]
+# Source: {cite}`cs336_2025`, a student's answers, on an Ampere GPU (their kernels are
+# `ampere_sgemm_*`: fp32 CUDA-core GEMMs, not tensor-core ones). Read against the A100:
+# {glue:text}`seed_verdict`. Three lessons are in that table. The `small` preset at 128 and 256
+# tokens is in the overhead regime of {ref}`sec-bytes`: the GPU waits on Python and kernel launches,
+# so doubling the work costs nothing. The backward costs less than twice the forward while the model
+# is small (its launches are fewer per FLOP) and about twice once the matmuls dominate. And an fp32
+# run can approach the fp32 peak, never the TF32 one it did not ask for.
+#
+# ### Where the FLOPs are, and where the time will be
+#
+# `profiling.class_flops` puts `accounting.flops` into the classes a profiler sees. For `small` at
+# batch 4 × 512 tokens, per training step:
+
+# %%
+cfg = TransformerConfig.preset(PRESET)
+class_fl = profiling.class_flops(cfg, BATCH, SEQ, training=True)
+fl_share = profiling.shares(class_fl)
+glue("norm_flop_pct", 100 * fl_share["normalization"])
+glue("matmul_flop_pct", 100 * fl_share["matmul"])
+attn_ratio = 2 * cfg.d_head / flops.SOFTMAX_OPS_PER_ELEMENT  # one attention matmul / softmax
+glue("attn_flop_ratio", attn_ratio)
+glue("seed_ratio", cfg.d_model / cfg.n_heads)
+Table(["class", "training FLOPs (G)", "share"],
+      [[c, num(v / 1e9), f"{fl_share[c]:.3%}"] for c, v in class_fl.items() if v])
+
+# %% [markdown]
+# Matmuls are {glue:text}`matmul_flop_pct:.2f`% of the FLOPs and normalization
+# {glue:text}`norm_flop_pct:.2f`%. He {cite}`he2022brrrr` found normalization at about 0.2% of
+# BERT's FLOPs and a quarter of its runtime: a memory-bound op's time follows its bytes, not its
+# FLOPs. Inside written-out attention, one matmul ($QK^\top$ or $PV$) does $2d_\text{head}$ FLOPs
+# per score and the softmax about 5, a ratio of $2d_\text{head}/5$ =
+# {glue:text}`attn_flop_ratio:.1f` (both matmuls together: $0.8\,d_\text{head}$). The seed calls it
+# "roughly 64×": that is $d_\text{model}/n_\text{heads} = d_\text{head}$ =
+# {glue:text}`seed_ratio:.0f`, the ratio of $d$ to $h$ in its two $O(\cdot)$ terms, with the
+# constants dropped.
+#
+# ### Memory
+#
+# At the peak of a step live the weights, gradients and AdamW moments (16 B/param in fp32,
+# {ref}`sec-tensors-memory`) and whatever the forward saved for the backward.
+# `accounting.activations.saved_bytes` lists those tensors for the book's transformer, tensor by
+# tensor, and the tests check it against the tensors autograd really saves (`counters.SavedTensors`,
+# a `saved_tensors_hooks` counter) for every preset and both attention backends, exactly. One block
+# of `small`, batch 4 × 512, fp32:
+
+# %%
+saved = activations.saved_bytes(cfg, BATCH, SEQ)
+sdpa = activations.saved_bytes(cfg, BATCH, SEQ, attention="sdpa")
+claim = activations.claimed_layer_bytes(BATCH, SEQ, cfg.d_model, cfg.n_heads)
+glue("block_mb", saved.block_bytes / 1e6)
+glue("sdpa_block_mb", sdpa.block_bytes / 1e6)
+glue("claim_mb", claim / 1e6)
+glue("claim_fp32_mb", 4 * claim / 1e6)
+assert 4 * claim < saved.block_bytes  # even read as fp32 elements it falls short
+parts = saved.components()
+Table(["saved by", "naive attention (MB)", "sdpa (MB)"],
+      [[name, num(parts[name] / 1e6), num(sdpa.components()[name] / 1e6)] for name in parts
+       if parts[name] or sdpa.components()[name]]
+      + [["one block", num(saved.block_bytes / 1e6), num(sdpa.block_bytes / 1e6)]])
+
+# %% [markdown]
+# A block keeps {glue:text}`block_mb:.0f` MB with written-out attention,
+# {glue:text}`sdpa_block_mb:.0f` MB with the fused kernel. A widely shared one-pager gives "~5BSD +
+# BHS² bytes" per layer: that is {glue:text}`claim_mb:.0f` MB here, and even read as elements (× 4
+# bytes, {glue:text}`claim_fp32_mb:.0f` MB) it leaves out the feed-forward network's inputs and the
+# norms: right about the shape (a linear term and a quadratic one), wrong in its units and its
+# coefficients.
+#
+# **Activation checkpointing** keeps only each segment's input and reruns the segment's forward in
+# the backward. Segments of $k$ blocks keep $\lceil L/k \rceil$ inputs and, during the backward, one
+# segment's activations at a time; Chen et al.'s $k \approx \sqrt{L}$ {cite}`chen2016checkpointing`
+# balances the two. The price is usually quoted as "+33%" (one more forward for three); the rerun
+# stops early where nothing more is needed, and the head is not rerun:
+
+# %%
+states = memory.model_state_bytes(count_params(cfg), "fp32_adamw")
+ck_rows = [["none", num(saved.total_bytes / 1e6), num(saved.peak_bytes / 1e6), "0%",
+            num((states + saved.peak_bytes) / 1e9)]]
+for k in CHECKPOINT_SEGMENTS:
+    a = activations.saved_bytes(cfg, BATCH, SEQ, checkpoint_segment=k)
+    share = activations.recompute_overhead(cfg, BATCH, SEQ, checkpoint_segment=k)
+    ck_rows.append([f"segments of {k}", num(a.total_bytes / 1e6), num(a.peak_bytes / 1e6),
+                    f"{share:.1%}", num((states + a.peak_bytes) / 1e9)])
+overhead_k1 = activations.recompute_overhead(cfg, BATCH, SEQ, checkpoint_segment=1)
+assert overhead_k1 < 1 / 3  # below the quoted +33%
+peaks = {k: activations.saved_bytes(cfg, BATCH, SEQ, checkpoint_segment=k).peak_bytes
+         for k in CHECKPOINT_SEGMENTS}
+assert min(peaks, key=peaks.get) == 1  # one block per segment: the lowest peak
+glue("ck_overhead_pct", 100 * overhead_k1)
+glue("states_gb", states / 1e9)
+Table(["checkpointing", "kept after forward (MB)", "saved at most (MB)",
+       "recomputed / step matmul FLOPs", "16 B/param + saved (GB)"], ck_rows)
+
+# %% [markdown]
+# Per block ($k = 1$) the rerun costs {glue:text}`ck_overhead_pct:.1f`% of the step's matmul FLOPs,
+# not 33%. Here segments of one block also give the lowest peak: a block saves many times its input,
+# so holding one segment's worth during the backward costs more than holding more inputs.
+#
+# ## The code
+#
+# `profiling.Profile` wraps `torch.profiler` around named phases (a `record_function` range, and an
+# NVTX range on a GPU so Nsight Systems shows the same phases) and sorts every op or kernel into a
+# class by its name, then by the autograd node or module that ran it:
+#
+# ```{literalinclude} ../lib/mlsys/profiling.py
+# :pyobject: classify
+# ```
+#
+# `memory_timeline.meter` reads the live and peak bytes of each phase (on a GPU the caching
+# allocator's counters and, on request, its history; on a CPU the profiler's allocation events), and
+# `models.checkpointing` checkpoints the unmodified model's blocks:
+#
+# ```{literalinclude} ../lib/mlsys/models/checkpointing.py
+# :pyobject: checkpoint_blocks
+# ```
+#
+# ## Measurement
+#
+# ### Timing right
+#
+# Five mistakes, each measured on this machine ({ref}`sec-flops` introduced `mlsys.bench`, which
+# avoids them: warm-up, synchronization, median and p20–p80 of many samples, optional cache flush):
+
+# %%
+pitfall_rows = timing_pitfalls.run(PITFALLS)
+timing_pitfalls.table(pitfall_rows)
+
+# %% [markdown]
+# On a CPU every op has finished when its call returns, so synchronizing changes nothing there and
+# there are no device events to compare with; on a GPU an unsynchronized host timer measures the
+# launches, not the kernels (see the recorded runs at the end).
+#
+# ### Forward, backward and step against their prediction
+#
+# Each row times the forward (autograd on), forward + backward and the full step round-robin with
+# the matmul and copy probes of {ref}`sec-bytes`, so the prediction uses ceilings measured in the
+# same seconds:
+
+# %%
+bench_rows = step_benchmark.run(BENCH)
+bench_verdicts = step_benchmark.verdicts(bench_rows)
+for name, text in bench_verdicts.items():
+    glue(f"bench_{name}", text)
+step_benchmark.table(bench_rows)
+
+# %% tags=["remove-input"]
+fig, ax = plotting.subplots(width=8.0, height=4.0)
+step_benchmark.plot(bench_rows, ax)
+plt.show()
+
+# %% [markdown]
+# On this machine: {glue:text}`bench_overhead`; {glue:text}`bench_backward`;
+# {glue:text}`bench_roof`. Where a model's time barely follows its tokens, the step is paying for
+# Python and dispatch, and the measured/predicted ratio is large: the remedy is more work per op (a
+# bigger batch) or fewer ops (compilation, below), not faster arithmetic.
+#
+# ### Where the time goes
+#
+# One model, a few warm-up steps, then steps profiled phase by phase:
+
+# %%
+profile_rows = step_profile.run(PROFILE)
+profile_verdicts = step_profile.verdicts(profile_rows)
+for name, text in profile_verdicts.items():
+    glue(f"profile_{name}", text)
+glue("profile_model", f"`{PROFILE.preset}`, batch {PROFILE.batch} × {PROFILE.seq} tokens")
+display(step_profile.phase_table(profile_rows))
+step_profile.class_table(profile_rows)
+
+# %% tags=["remove-input"]
+fig, ax = plotting.subplots(width=9.0, height=3.8)
+step_profile.plot(profile_rows, ax)
+plt.show()
+
+# %% [markdown]
+# For {glue:text}`profile_model`: {glue:text}`profile_matmul`. The optimizer runs no matmul at all,
+# so the matmul share of the full step is below that of forward and backward. He's comparison on the
+# book's model: {glue:text}`profile_normalization`. The slowest operations that are not matmuls:
+
+# %%
+step_profile.op_table(profile_rows, top=8, exclude=("matmul",))
+
+# %% [markdown]
+# Inside attention, op by op, at the model's shapes (timed apart, round-robin):
+
+# %%
+step_profile.core_table(profile_rows)
+
+# %% [markdown]
+# {glue:text}`profile_attention`. FLOPs do not predict the time of a memory-bound op: the softmax
+# reads and writes the whole score matrix for a handful of FLOPs per element. The profiler itself
+# costs time per op: {glue:text}`profile_overhead`; its tables are for shares, plain timing for
+# durations.
+#
+# ### Where the memory goes
+#
+# For each length a fresh model takes a warm-up step (AdamW creates its moments in the first), then
+# one step whose phases are read by `memory_timeline.meter`. Bytes count from the start of that
+# step, above what is resident (weights, moments, buffers, the batch):
+
+# %%
+memory_rows = step_memory.run(MEMORY)
+memory_verdicts = step_memory.verdicts(memory_rows)
+for name, text in memory_verdicts.items():
+    glue(f"memory_{name}", text)
+step_memory.peak_table(memory_rows)
+
+# %% tags=["remove-input"]
+fig, axes = plotting.subplots(1, 2, width=11.0, height=4.0)
+step_memory.plot_timeline(memory_rows, axes[0])
+step_memory.plot_peak(memory_rows, axes[1])
+plt.show()
+
+# %% [markdown]
+# The counter and the formula agree: {glue:text}`memory_saved`. Against the napkin:
+# {glue:text}`memory_napkin`. Where the peak is, in parts:
+
+# %%
+step_memory.breakdown_table(memory_rows)
+
+# %% [markdown]
+# {glue:text}`memory_holds`. During the backward each gradient is made as the saved tensors that
+# produced it are freed, so "16 B/param + activations" counts in full two things that are never
+# alive in full together: it overstates the peak unless temporaries (the loss's gradient, batch ×
+# tokens × vocabulary floats; the optimizer's scratch) outgrow the gradients still missing. With
+# checkpointing, at {glue:text}`memory_ck_seq` tokens:
+
+# %%
+glue("memory_ck_seq", MEMORY.timeline_seq)
+step_memory.checkpoint_table(memory_rows)
+
+# %% [markdown]
+# {glue:text}`memory_checkpoint`.
+#
+# #### The seed's activation arithmetic for the 2.7B model
+#
+# The student derived $B S\,(5.9375 + 0.0078125\,S)$ MB of activations for the 2.7B preset, added
+# "52.0 GB" of model states, and tabulated batch 4. Their table, their own formula, the exact count
+# and the napkin, with their measured peaks:
+
+# %%
+seed_memory = step_memory.seed_rows()
+at = {r["seq"]: r for r in seed_memory}
+glue("seed_256_claim", at[256]["claimed_forward_gb"])
+glue("seed_256_formula", at[256]["formula_gib"])
+glue("seed_1024_claim", at[1024]["claimed_forward_gb"])
+glue("seed_1024_formula", at[1024]["formula_gib"])
+glue("seed_512_claim", at[512]["claimed_forward_gb"])
+glue("seed_512_gib", at[512]["formula_gib"])
+glue("seed_512_gb", at[512]["formula_gb"])
+assert at[512]["claimed_forward_gb"] == round(at[512]["formula_gib"] * 1024 / 1000, 1)
+for seq_bad in (256, 1024):  # the table does not follow the formula
+    assert abs(at[seq_bad]["formula_gib"] - at[seq_bad]["claimed_forward_gb"]) > 0.8
+assert all(r["measured_training_gb"] < r["napkin_gb"] for r in seed_memory
+           if r["measured_training_gb"])
+glue("seed_states_gb", memory.model_state_bytes(count_params(TransformerConfig.preset("2.7B")),
+                                                "fp32_adamw") / 1e9)
+glue("seed_states_gib", memory.model_state_bytes(count_params(TransformerConfig.preset("2.7B")),
+                                                 "fp32_adamw") / 2**30)
+Table(["seq", "their table (GB)", "their formula (GiB)", "their formula (GB)", "exact (GB)",
+       "their training total (GB)", "16 B/param + exact (GB)", "their measured peak (GB)"],
+      [[r["seq"], r["claimed_forward_gb"], num(r["formula_gib"]), num(r["formula_gb"]),
+        num(r["exact_gb"]), r["claimed_training_gb"], num(r["napkin_gb"]),
+        r["measured_training_gb"] or "out of memory"] for r in seed_memory])
+
+# %% [markdown]
+# The errors, found by the count: the table does not follow its own formula (at 256 tokens the
+# formula gives {glue:text}`seed_256_formula:.2f` GiB, the table {glue:text}`seed_256_claim`; at
+# 1,024, {glue:text}`seed_1024_formula:.2f` against {glue:text}`seed_1024_claim`); at 512 tokens the
+# formula's 20,352 MB (of $2^{20}$ bytes) is written {glue:text}`seed_512_claim` GB, divided by
+# 1,000 ({glue:text}`seed_512_gib:.1f` GiB or {glue:text}`seed_512_gb:.1f` GB); the model states are
+# {glue:text}`seed_states_gb:.1f` GB ({glue:text}`seed_states_gib:.1f` GiB), not 52.0 in either
+# unit. In the formula itself, the scores *and* the probabilities are counted as saved (autograd
+# keeps only the probabilities and a boolean mask), the FFN output is counted though nothing saves
+# it, and the norms' saved tensors, SiLU's input and the logits are missing; the errors partly
+# cancel. Their measured peaks sit below 16 B/param + activations.
+#
+# ### torch.compile
+#
+# The whole model compiled once (the optimizer stays eager), timed against eager in each mode; then
+# the length changes twice, to show when it compiles again:
+
+# %%
+compile_rows = compile_step.run(COMPILE)
+compile_verdicts = compile_step.verdicts(compile_rows)
+glue("compile_speed", compile_verdicts["speed"])
+glue("compile_shapes", compile_verdicts["shapes"])
+compile_step.table(compile_rows)
+
+# %% [markdown]
+# {glue:text}`compile_speed`. Shapes: {glue:text}`compile_shapes`. A mean over calls that include
+# the compilation, or a difference smaller than the spread, is not a speed-up: the verdict above is
+# given only when the p20–p80 ranges do not overlap.
+#
+# ### Recorded GPU results
+#
+# `python -m mlsys.experiments` runs the five experiments of this chapter in GPU sizes (every preset
+# from `small` to `2.7B` at 128 to 1,024 tokens, out-of-memory rows kept; the 2.7B memory sweep of
+# the seed) and records them under `results/`. Every record present, through the same functions:
+
+# %%
+shown = {"timing_pitfalls": [timing_pitfalls.table], "step_benchmark": [step_benchmark.table],
+         "step_profile": [step_profile.phase_table, step_profile.class_table,
+                          step_profile.core_table],
+         "step_memory": [step_memory.peak_table, step_memory.breakdown_table,
+                         step_memory.checkpoint_table],
+         "compile_step": [compile_step.table]}
+for name, tables in shown.items():
+    runs = experiments.recorded(name)
+    print(f"{name}: {len(runs)} record(s)" if runs else experiments.no_record_text(name))
+    for record in runs:
+        print(experiments.provenance_line(record))
+        for table in tables:
+            display(table(record["results"]))
+
+# %% [markdown]
+# ```{admonition} Takeaway
+# :class: tip
+# Time a step with warm-up, synchronization and the median of many samples, against ceilings
+# measured alongside. Doubling the tokens shows whether a model is overhead-bound
+# ({glue:text}`bench_overhead`). In a profile, time shares and FLOP shares part ways: matmuls are
+# {glue:text}`matmul_flop_pct:.1f`% of the FLOPs, and {glue:text}`profile_normalization`. The peak
+# memory is 16 B/param plus what the forward saves, minus what the backward has freed:
+# {glue:text}`memory_napkin`.
+# ```
+#
+# ## Exercises
+#
+# ### Q1 [Does the 2.7B model train on one H100?]
+#
+# The 2.7B preset, fp32 AdamW, batch 4 × 1,024 tokens, SDPA attention. (a) How many bytes do the
+# model states and the saved activations take? (b) Does it fit in an H100's
+# {glue:text}`q1_device_gb:.0f` GB? (c) With every block checkpointed, what is the most that is
+# saved at once, and what share of the step's matmul FLOPs is recomputed? (d) At the seed's achieved
+# forward rate for 2.7B at 512 tokens, roughly how much longer is the step?
+
+# %% tags=["hide-cell"]
+big = TransformerConfig.preset("2.7B", attention="sdpa")
+q1_states = memory.model_state_bytes(count_params(big), "fp32_adamw")
+q1_plain = activations.saved_bytes(big, 4, 1024)
+q1_ck = activations.saved_bytes(big, 4, 1024, checkpoint_segment=1)
+q1_share = activations.recompute_overhead(big, 4, 1024, checkpoint_segment=1)
+device_bytes = SPEC.hbm_bytes
+assert q1_states + q1_plain.total_bytes > device_bytes  # does not fit as it is
+assert device_bytes > q1_states + q1_ck.peak_bytes  # fits with every block checkpointed
+glue("q1_device_gb", device_bytes / 1e9)
+q1_rate = by_key[("2.7B", 512)]["achieved_flop_per_s"]
+q1_step = 3 * flops.transformer_flops(big, 4, 1024).forward_matmul_flops / q1_rate
+for name, value in {"q1_states": q1_states / 1e9, "q1_plain": q1_plain.total_bytes / 1e9,
+                    "q1_ck": q1_ck.peak_bytes / 1e9, "q1_share": 100 * q1_share,
+                    "q1_step": q1_step, "q1_extra": q1_step * q1_share}.items():
+    glue(name, value)
+
+# %% [markdown]
+# ```{dropdown} Answer
+# (a) States {glue:text}`q1_states:.1f` GB; saved activations {glue:text}`q1_plain:.1f` GB
+# (`saved_bytes`). (b) No: together they pass {glue:text}`q1_device_gb:.0f` GB before any temporary.
+# (c) At most {glue:text}`q1_ck:.1f` GB saved at once (the segment inputs plus one block rerun), for
+# {glue:text}`q1_share:.1f`% more matmul FLOPs. (d) At their achieved rate a step's matmuls take
+# about {glue:text}`q1_step:.1f` s; the rerun adds about {glue:text}`q1_extra:.2f` s.
+# ```
+#
+# ### Q2 [Find the error]
+#
+# The seed's `torch.compile` table for the 2.7B preset at 128 tokens gives a full step of
+# {glue:text}`q2_compiled:.3f` ± {glue:text}`q2_compiled_std:.3f` s compiled and
+# {glue:text}`q2_eager:.3f` ± {glue:text}`q2_eager_std:.3f` s eager (mean ± std), and its forward +
+# backward of {glue:text}`q2_fb_compiled:.3f` s compiled against {glue:text}`q2_fb_eager:.3f` s.
+# Conclusion drawn: "compiling slows the step down by 7%". What is wrong, and what should the step
+# have taken?
+
+# %% tags=["hide-cell"]
+seed_compile = {(r.mode, r.seq): r for r in third_party.CS336_STUDENT_COMPILE}
+q2_step, q2_fb = seed_compile[("step", 128)], seed_compile[("forward+backward", 128)]
+q2_optimizer = q2_step.eager_s - q2_fb.eager_s  # the optimizer stays eager in both
+q2_expected = q2_fb.compiled_s + q2_optimizer
+q2_outlier = q2_step.compiled_std_s * 10 / 3  # one slow call among 10: std = delta * 3 / 10
+assert q2_expected < q2_step.eager_s < q2_step.compiled_s  # the mean contradicts its own parts
+assert q2_step.compiled_std_s > 40 * q2_step.eager_std_s
+for name, value in {"q2_compiled": q2_step.compiled_s, "q2_compiled_std": q2_step.compiled_std_s,
+                    "q2_eager": q2_step.eager_s, "q2_eager_std": q2_step.eager_std_s,
+                    "q2_fb_compiled": q2_fb.compiled_s, "q2_fb_eager": q2_fb.eager_s,
+                    "q2_expected": q2_expected, "q2_optimizer": q2_optimizer,
+                    "q2_std_ratio": q2_step.compiled_std_s / q2_step.eager_std_s,
+                    "q2_outlier": q2_outlier}.items():
+    glue(name, value)
+
+# %% [markdown]
+# ```{dropdown} Answer
+# The compiled step's spread is {glue:text}`q2_std_ratio:.0f` times eager's: its mean is pulled by a
+# few slow calls, most likely a compilation inside the timed loop (a first call, or a recompilation
+# for a new shape). Among ten calls, one call {glue:text}`q2_outlier:.2f` s slower than the rest
+# gives that standard deviation by itself. The parts say what a step costs: the compiled forward +
+# backward, {glue:text}`q2_fb_compiled:.3f` s, plus the eager optimizer, {glue:text}`q2_eager:.3f` −
+# {glue:text}`q2_fb_eager:.3f` = {glue:text}`q2_optimizer:.3f` s, is {glue:text}`q2_expected:.3f` s:
+# faster than eager, not slower. Report the first calls apart and the median with p20–p80, as
+# `compile_step` does, and count the recompilations.
+# ```
+#
+# ### Q3 [The first tensor of the backward]
+#
+# The first thing the backward makes is the gradient of the loss with respect to the logits. How
+# large is it for the `laptop` preset at 4 × 128 tokens, against the activations saved by then, and
+# how does it grow with the vocabulary?
+
+# %% tags=["hide-cell"]
+lap = TransformerConfig.preset("laptop")
+logits_grad = 4 * 128 * lap.vocab_size * 4  # d(loss)/d(logits), fp32
+q3_saved = activations.saved_bytes(lap, 4, 128)
+assert logits_grad < q3_saved.total_bytes  # smaller than the saved activations, on top of them
+glue("q3_mb", logits_grad / 1e6)
+glue("q3_saved_mb", q3_saved.total_bytes / 1e6)
+big_vocab_grad = 4 * 128 * 128_256 * 4  # the same batch with a Llama-3-sized vocabulary
+assert big_vocab_grad > q3_saved.blocks_bytes  # more than every block saves
+glue("q3_big_mb", big_vocab_grad / 1e6)
+glue("q3_blocks_mb", q3_saved.blocks_bytes / 1e6)
+
+# %% [markdown]
+# ```{dropdown} Answer
+# Batch × tokens × vocabulary fp32 values: {glue:text}`q3_mb:.1f` MB, made while the
+# {glue:text}`q3_saved_mb:.1f` MB the forward saved are still alive (the backward frees each saved
+# tensor only once its own gradient is done). It grows with the vocabulary, not with the model's
+# width: with a vocabulary of 128,256 it would be {glue:text}`q3_big_mb:.0f` MB, more than the
+# {glue:text}`q3_blocks_mb:.0f` MB all the blocks save, which is why fused and chunked cross-entropy
+# kernels exist.
+# ```
+#
+# ## Summary
+#
+# - Warm up, synchronize, take the median and p20–p80 of many samples, and measure the ceilings in
+#   the same run; a verdict is withheld when the numbers disagree with each other.
+# - Predicted step time: $3F_\text{fwd}/P + 28N/\beta$; the seed's small model sits far above it, in
+#   the overhead regime, and its backward costs less than twice its forward.
+# - An fp32 run on an A100 reaches the fp32 CUDA-core peak at best, not TF32's.
+# - Matmuls are almost all the FLOPs; memory-bound ops such as normalization take a share of the
+#   time out of proportion to theirs (He; here: {glue:text}`profile_normalization`). One attention
+#   matmul has $2d_\text{head}/5$ times the softmax's FLOPs.
+# - Saved activations are counted exactly by `saved_bytes`; the peak is 16 B/param plus the
+#   activations, less what the backward frees before the gradients are complete.
+# - Checkpointing every block keeps a block's input and reruns {glue:text}`ck_overhead_pct:.0f`% of
+#   the step's matmul FLOPs, not 33%.
