@@ -532,7 +532,7 @@ assert math.isclose(step_hfu, 4 / 3 * step_mfu)
 # GPU the library knows, the spec's dense peak gives a second MFU. The experiment lives in
 # `mlsys.experiments.train_step`; the training step is the library's:
 #
-# ```{literalinclude} ../lib/mlsys/models/train.py
+# ```{literalinclude} ../lib/mlsys/training.py
 # :pyobject: make_train_step
 # ```
 

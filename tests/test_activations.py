@@ -17,8 +17,8 @@ from mlsys.accounting.params import param_counts
 from mlsys.counters import SavedTensors
 from mlsys.dtypes import bytes_per_element, torch_dtype
 from mlsys.models.config import PRESETS, TransformerConfig
-from mlsys.models.train import next_token_loss
 from mlsys.models.transformer import Block, RotaryEmbedding, Transformer
+from mlsys.training import next_token_loss
 
 FLASH_TRITON = pytest.param("flash_triton", marks=needs_triton)
 """The Triton backend: d_head 16 to 128, fp16/fp32 under the CPU interpreter (bf16 on a GPU)."""

@@ -32,8 +32,8 @@ from mlsys.models.attention import (
     naive_causal_attention,
 )
 from mlsys.models.config import ATTENTION_BACKENDS, TransformerConfig
-from mlsys.models.train import next_token_loss
 from mlsys.models.transformer import Transformer
+from mlsys.training import next_token_loss
 
 LENGTHS = (1, 2, 3, 5, 7, 11, 13, 16, 17, 23, 29, 31, 32, 33, 37, 40)
 """Sequence lengths drawn: 1, primes, and around the tile sizes (never only multiples of them)."""

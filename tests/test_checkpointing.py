@@ -12,8 +12,8 @@ from mlsys.counters import SavedTensors
 from mlsys.dtypes import torch_dtype
 from mlsys.models.checkpointing import CheckpointedBlocks, checkpoint_blocks, uncheckpoint_blocks
 from mlsys.models.config import TransformerConfig
-from mlsys.models.train import next_token_loss
 from mlsys.models.transformer import Transformer
+from mlsys.training import next_token_loss
 
 
 def build(cfg, *, device="meta", dtype="fp32"):

@@ -9,9 +9,9 @@ import torch
 from mlsys import memory_timeline as M
 from mlsys import plotting
 from mlsys.models.config import TransformerConfig
-from mlsys.models.train import next_token_loss
 from mlsys.models.transformer import Transformer
 from mlsys.profiling import PhaseSpan, Profile
+from mlsys.training import next_token_loss
 
 matplotlib.use("Agg")
 BATCH, SEQ = 4, 64  # the logits (1 MB) outweigh the gradients (0.9 MB)

@@ -12,8 +12,8 @@ import torch
 from mlsys import profiling as P
 from mlsys.accounting import flops
 from mlsys.models.config import TransformerConfig
-from mlsys.models.train import next_token_loss
 from mlsys.models.transformer import Transformer
+from mlsys.training import next_token_loss
 
 BATCH, SEQ = 2, 16
 GENERIC = re.compile(r"view|reshape|as_strided|slice|select|empty|zero|fill_")

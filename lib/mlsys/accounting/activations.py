@@ -1,6 +1,6 @@
 """Bytes autograd saves for backward in the book's transformer, tensor by tensor.
 
-The count is of `next_token_loss(model, tokens)` (`mlsys.models.train`): tokens (batch, seq + 1)
+The count is of `next_token_loss(model, tokens)` (`mlsys.training`): tokens (batch, seq + 1)
 int64, the model in one dtype (its parameters'), the loss in fp32. Write b for that dtype's bytes,
 w for the bytes of the "wide" dtype (fp32, or fp64 for an fp64 model: RMSNorm's arithmetic and
 SDPA's logsumexp), B = batch, S = seq, N = B S tokens, D = d_model, F = d_ff, H = n_heads,

@@ -53,7 +53,7 @@ def _graphs() -> int:
 
 
 def _modes(model, optimizer, tokens: torch.Tensor) -> dict[str, Any]:
-    from mlsys.models.train import next_token_loss
+    from mlsys.training import next_token_loss
 
     def forward() -> None:
         model(tokens[:, :-1])

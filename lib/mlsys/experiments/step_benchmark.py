@@ -69,7 +69,7 @@ def _free(device: str) -> None:
 
 
 def _callables(model, optimizer, tokens: torch.Tensor, dtype: str) -> dict[str, Any]:
-    from mlsys.models.train import make_train_step, next_token_loss
+    from mlsys.training import make_train_step, next_token_loss
 
     autocast = "bf16" if dtype == "bf16" else None
     device_type = tokens.device.type

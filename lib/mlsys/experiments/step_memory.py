@@ -103,7 +103,7 @@ def _at_peak(timeline: memory_timeline.Timeline) -> dict[str, int]:
 def _measure(model, optimizer, tokens, seq: int, segment: int | None, device: str, *,
              timeline: bool) -> dict[str, Any]:
     """One recorded step (after the caller's warm-up) and what was resident before it."""
-    from mlsys.models.train import next_token_loss
+    from mlsys.training import next_token_loss
 
     _set_segment(model, segment)
     states = [v for st in optimizer.state.values() for v in st.values()
@@ -146,7 +146,7 @@ def _model(cfg: TransformerConfig, device: str):
 def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
     """The step at every length (out-of-memory rows kept), then the checkpointed variants and their
     step times at `s.timeline_seq`."""
-    from mlsys.models.train import make_train_step
+    from mlsys.training import make_train_step
 
     device = device or env.device()
     cfg = TransformerConfig.preset(s.preset)

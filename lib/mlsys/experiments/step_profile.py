@@ -54,7 +54,7 @@ SIZES = {
 
 
 def _profile_steps(model, optimizer, tokens, s: Sizes, device: str) -> profiling.Profile:
-    from mlsys.models.train import next_token_loss
+    from mlsys.training import next_token_loss
 
     with profiling.Profile(device=device, model=model) as prof:
         for _ in range(s.steps):
@@ -85,8 +85,8 @@ def _attention_core(cfg: TransformerConfig, s: Sizes, device: str) -> dict[str, 
 def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
     """Profile `s.steps` steps after `s.warmup`; then the profiler's overhead; then the attention
     core. Rows: setup, phase, op, class, flops, overhead, core."""
-    from mlsys.models.train import make_train_step
     from mlsys.models.transformer import Transformer
+    from mlsys.training import make_train_step
 
     device = device or env.device()
     cfg = TransformerConfig.preset(s.preset)

@@ -57,8 +57,8 @@ def step_flops(s: Sizes, seq: int) -> int:
 
 def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
     """Time the steps and the ceiling probes interleaved, until consistent."""
-    from mlsys.models.train import make_train_step
     from mlsys.models.transformer import Transformer
+    from mlsys.training import make_train_step
 
     device = device or env.device()
     gen = torch.Generator().manual_seed(0)

@@ -74,8 +74,8 @@ def _nbytes(tensors) -> int:
 
 def _train(meter, label: str, s: Sizes, device: str) -> dict[str, Any]:
     """Build the model and the batch, then `s.steps` training steps, each phase read by `meter`."""
-    from mlsys.models.train import next_token_loss
     from mlsys.models.transformer import Transformer
+    from mlsys.training import next_token_loss
 
     param_dtype, autocast_dtype, recipe = RUNS[label]
     cfg = TransformerConfig.preset(s.preset)

@@ -1,17 +1,17 @@
-"""The training step of `mlsys.models.train`: it learns, autocasts when asked, counts state."""
+"""The training step of `mlsys.training`: it learns, autocasts when asked, counts state."""
 
 import pytest
 import torch
 
 from mlsys.accounting.memory import model_state_breakdown
 from mlsys.accounting.params import count_params
-from mlsys.models.train import (
+from mlsys.models.transformer import Transformer, TransformerConfig
+from mlsys.training import (
     make_train_step,
     next_token_loss,
     state_after_one_step,
     training_state_bytes,
 )
-from mlsys.models.transformer import Transformer, TransformerConfig
 
 
 def _setup(seed=0):
