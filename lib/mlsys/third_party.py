@@ -14,7 +14,10 @@ size is not stated (the assignment's default is 4); "xl" and "2.7B" at 1,024 tok
 memory. `CS336_STUDENT_MEMORY`: the same student's activation-memory arithmetic for the 2.7B
 preset (claims, which the book checks) and the peaks their memory profiles showed (measurements).
 `CS336_STUDENT_COMPILE`: their compiled-vs-eager timings of the 2.7B preset.
-Used in: §sec-benchmarking.
+`CS336_STUDENT_ATTENTION`: their naive-attention sweep (time and memory by head dim and length).
+`CS336_STUDENT_ALLREDUCE` and `CS336_STUDENT_DDP_XL`: their NCCL all-reduce table and DDP step
+breakdowns of the xl preset on 2 GPUs (chapter 08).
+Used in: §sec-benchmarking, §sec-data-parallel.
 """
 
 from __future__ import annotations
@@ -134,3 +137,177 @@ CS336_STUDENT_COMPILE: tuple[ThirdPartyCompile, ...] = tuple(ThirdPartyCompile(*
 ))
 """The student's compiled and uncompiled 2.7B tables, row for row; they concluded "compiled is
 faster but not enough"."""
+
+
+# --- chapter 08: the seed's all-reduce and DDP tables --------------------------------------------
+
+
+@dataclass(frozen=True)
+class ThirdPartyAllReduce:
+    """One all-reduce block of someone else's NCCL benchmark (seconds; their statistics)."""
+
+    world_size: int
+    message_bytes: int  # their "MB" are 2**20 bytes: "1 MB (262144 float32 elements)"
+    mean_s: float  # their "Overall average time" (for 6 ranks: the mean of the per-rank averages)
+    min_s: float | None  # None where the block is cut off
+    max_s: float
+    std_s: float
+    claimed_gb_per_s: float  # their "Effective bandwidth ... GB/s"
+    size_stated: bool  # False: the block's header is lost, the size inferred (see the note)
+
+
+SOURCE_CS336_STUDENT_ALLREDUCE = (
+    "a student's CS336 (2025) assignment 2 answers (the book's seed document 003, 'Section 2: "
+    "DDP', all-reduce benchmark): NCCL, float32 tensors, 20 timed iterations, GPUs of the Ampere "
+    "generation (model not stated; one node assumed)"
+)
+
+CS336_STUDENT_ALLREDUCE: tuple[ThirdPartyAllReduce, ...] = tuple(
+    ThirdPartyAllReduce(*row) for row in (
+        (2, 2**20, 0.047e-3, 0.040e-3, 0.088e-3, 0.010e-3, 20.70, True),
+        (2, 10 * 2**20, 0.115e-3, 0.102e-3, 0.167e-3, 0.012e-3, 84.68, True),
+        (2, 100 * 2**20, 0.739e-3, 0.722e-3, 0.756e-3, 0.010e-3, 132.17, True),
+        (2, 2**30, 6.745e-3, 6.618e-3, 6.902e-3, 0.089e-3, 148.26, True),
+        (4, 2**30, 9.878e-3, 9.820e-3, 9.938e-3, 0.029e-3, 151.85, True),
+        (6, 2**30, 9.19117e-3, None, 9.397e-3, 0.041e-3, 181.34, False),
+    ))
+"""The student's all-reduce blocks, in their order. The 6-rank block is cut off above its maximum
+time: its world size comes from its six per-rank averages (9.190, 9.190, 9.195, 9.187, 9.194,
+9.191 ms), its size of 1,024 MiB from its bandwidth, which that size reproduces. Their "Effective
+bandwidth" is the bus bandwidth (algorithm bandwidth x 2 (n-1)/n) in GiB/s, printed as "GB/s":
+`accounting.comms.claimed_effective_gb_per_s` reproduces every one to the rounding of the printed
+times (three decimals of a millisecond)."""
+
+
+@dataclass(frozen=True)
+class ThirdPartyDDPStep:
+    """One run of someone else's DDP training benchmark: mean seconds per step and per phase."""
+
+    label: str
+    mode_flag: str | None  # the --ddp-mode its command line passed (None: no command shown)
+    iterations: int
+    total_s: float
+    total_std_s: float
+    forward_s: float
+    backward_s: float
+    communication_s: float
+    optimizer_s: float
+
+
+SOURCE_CS336_STUDENT_DDP = (
+    "a student's CS336 (2025) assignment 2 answers (the book's seed document 003, 'Benchmark "
+    "DDP'): the 'xl' preset (1,998,235,200 parameters, fp32), 2 GPUs of the Ampere generation, "
+    "batch 4, 512 tokens, NCCL"
+)
+
+CS336_STUDENT_DDP_XL: tuple[ThirdPartyDDPStep, ...] = tuple(ThirdPartyDDPStep(*row) for row in (
+    ("first run (mode not printed)", None, 20, 0.895226, 0.001273, 0.251488, 0.529557, 0.007419,
+     0.106143),
+    ("second run (mode not printed)", None, 20, 0.892449, 0.001139, 0.250523, 0.529228,
+     0.007083, 0.104998),
+    ("naive (profile 'naive_ddp')", "naive", 5, 0.936877, 0.001199, 0.253241, 0.506919,
+     0.070061, 0.106407),
+    ("'flat' (profile 'naive_flatten_ddp')", "naive", 5, 0.935486, 0.000801, 0.253286, 0.505358,
+     0.070098, 0.106583),
+))
+"""The student's four DDP runs of the xl preset on 2 GPUs. The last was saved as a "flatten"
+profile, but its command line passed `--ddp-mode naive` and its banner says "Naive Sync, No
+Overlap": it was the naive run again, as its times (within 0.1% of the naive run's) confirm."""
+CS336_STUDENT_DDP_PARAMS = 1_998_235_200
+CS336_STUDENT_DDP_CLAIMED_MB = 7622.66  # "(7622.66 MB)": the fp32 bytes in MiB (2**20)
+CS336_STUDENT_DDP_SETUP = {"preset": "xl", "world_size": 2, "batch": 4, "seq": 512}
+
+
+@dataclass(frozen=True)
+class ThirdPartyAttention:
+    """One row of someone else's attention sweep (batch 8, one head, fp32): ms mean ± std, MB."""
+
+    variant: str  # "eager" or "compiled"
+    d_head: int
+    seq: int
+    forward_ms: float
+    forward_std_ms: float
+    backward_ms: float
+    backward_std_ms: float
+    before_backward_mb: float  # "Mem Before" (before the backward), MB as they printed it
+    peak_mb: float  # "Peak Mem"
+
+
+SOURCE_CS336_STUDENT_ATTENTION = (
+    "a student's CS336 (2025) assignment 2 answers (the book's seed document 003, "
+    "'pytorch_attention' (a) and 'torch_compile' (a)): batch 8, one head, fp32, non-causal, an "
+    "Ampere-generation GPU; memory read with torch.cuda memory statistics, MB as printed"
+)
+
+CS336_STUDENT_ATTENTION: tuple[ThirdPartyAttention, ...] = tuple(
+    ThirdPartyAttention(*row) for row in (
+        ("eager", 16, 256, 0.13, 0.00, 0.37, 0.71, 10.62, 25.25),
+        ("eager", 16, 1024, 0.35, 0.01, 1.10, 1.30, 50.25, 148.25),
+        ("eager", 16, 4096, 4.15, 0.12, 10.17, 0.52, 536.25, 2080.25),
+        ("eager", 16, 8192, 14.42, 0.14, 35.16, 1.19, 2080.25, 8240.25),
+        ("eager", 16, 16384, 58.65, 0.41, 142.65, 0.26, 8240.25, 32848.25),
+        ("eager", 32, 256, 0.14, 0.03, 0.29, 0.10, 19.25, 26.25),
+        ("eager", 32, 1024, 0.38, 0.04, 1.24, 1.62, 52.25, 152.25),
+        ("eager", 32, 4096, 4.40, 0.13, 10.35, 0.41, 544.25, 2096.25),
+        ("eager", 32, 8192, 15.46, 0.14, 35.81, 0.15, 2096.25, 8272.25),
+        ("eager", 32, 16384, 62.82, 0.48, 147.48, 0.41, 8272.25, 32912.25),
+        ("eager", 64, 256, 0.13, 0.00, 0.40, 0.81, 20.25, 28.25),
+        ("eager", 64, 1024, 0.41, 0.02, 1.13, 1.65, 56.25, 160.25),
+        ("eager", 64, 4096, 4.90, 0.13, 10.84, 0.39, 560.25, 2128.25),
+        ("eager", 64, 8192, 17.51, 0.16, 38.07, 0.20, 2128.25, 8336.25),
+        ("eager", 64, 16384, 71.19, 0.35, 155.57, 0.44, 8336.25, 33040.25),
+        ("eager", 128, 256, 0.13, 0.00, 0.37, 0.12, 22.25, 32.25),
+        ("eager", 128, 1024, 0.46, 0.02, 1.04, 0.07, 64.25, 176.25),
+        ("eager", 128, 4096, 5.86, 0.14, 11.87, 0.39, 592.25, 2192.25),
+        ("eager", 128, 8192, 21.35, 0.16, 42.39, 0.20, 2192.25, 8464.25),
+        ("eager", 128, 16384, 86.41, 0.51, 172.25, 0.40, 8464.25, 33296.25),
+        ("compiled", 16, 16384, 59.87, 1.52, 126.94, 1.84, 8256.25, 16720.25),
+        ("compiled", 32, 16384, 64.30, 1.42, 130.31, 1.62, 8272.25, 16752.25),
+        ("compiled", 64, 16384, 72.06, 1.40, 138.61, 1.80, 8336.25, 16688.25),
+        ("compiled", 128, 16384, 87.84, 1.23, 156.10, 1.65, 8464.25, 16976.25),
+    ))
+"""The student's eager sweep row for row, and their compiled rows at 16,384 tokens (the length
+where the difference shows). They wrote: "I don't know how to eliminate the memory cost"."""
+
+
+@dataclass(frozen=True)
+class ThirdPartyAmp:
+    """One row of someone else's mixed-precision timing tables (seconds, mean ± std)."""
+
+    preset: str
+    seq: int
+    precision: str  # "bf16" (autocast) or "fp32"
+    forward_s: float
+    forward_std_s: float
+    backward_s: float
+    backward_std_s: float
+    step_s: float | None  # their "training step with AdamW" table (bf16 runs only)
+    step_std_s: float | None
+
+
+SOURCE_CS336_STUDENT_AMP = (
+    "a student's CS336 (2025) assignment 2 answers (the book's seed document 003, "
+    "'benchmarking_mixed_precision' (c)): bf16 autocast and fp32 tables of the large and 2.7B "
+    "presets, an Ampere-generation GPU, batch size not stated; their fp32 rows of this section "
+    "differ from their earlier 'benchmarking_script' table (large at 128 tokens: 0.142 s here, "
+    "0.076 s there): another session"
+)
+
+CS336_STUDENT_AMP: tuple[ThirdPartyAmp, ...] = tuple(ThirdPartyAmp(*row) for row in (
+    ("large", 128, "bf16", 0.156829, 0.007042, 0.284106, 0.011902, 0.563264, 0.016795),
+    ("large", 256, "bf16", 0.150492, 0.005433, 0.315056, 0.054031, 0.545883, 0.012066),
+    ("large", 512, "bf16", 0.154221, 0.005847, 0.287746, 0.013350, 0.557914, 0.016264),
+    ("large", 1024, "bf16", 0.211741, 0.002352, 0.397588, 0.003027, 0.701886, 0.003029),
+    ("large", 128, "fp32", 0.141830, 0.006545, 0.236700, 0.011678, None, None),
+    ("large", 256, "fp32", 0.148082, 0.003076, 0.308736, 0.006818, None, None),
+    ("large", 512, "fp32", 0.286982, 0.001062, 0.605574, 0.001021, None, None),
+    ("large", 1024, "fp32", 0.644561, 0.000561, 1.411845, 0.004699, None, None),
+    ("2.7B", 128, "bf16", 0.142008, 0.003554, 0.260662, 0.009773, 0.698575, 0.015821),
+    ("2.7B", 256, "bf16", 0.147835, 0.009032, 0.267800, 0.009860, 0.718001, 0.006092),
+    ("2.7B", 512, "bf16", 0.163224, 0.004245, 0.345682, 0.007230, 0.812760, 0.006099),
+    ("2.7B", 128, "fp32", 0.228101, 0.001074, 0.458868, 0.001429, None, None),
+    ("2.7B", 256, "fp32", 0.425166, 0.001178, 0.904626, 0.003022, None, None),
+    ("2.7B", 512, "fp32", 0.872745, 0.001991, 1.823213, 0.003807, None, None),
+))
+"""Their tables row for row; their reading of them: "the autocast to the BF16 costs a fixed
+time", which `experiments.autocast_overhead.seed_verdict` checks against their own numbers."""

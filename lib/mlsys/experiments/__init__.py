@@ -41,6 +41,9 @@ NAMES = (
     "step_profile",
     "step_memory",
     "compile_step",
+    "attention_sweep",
+    "flash_benchmark",
+    "attention_model_step",
 )
 """Every experiment, in chapter order (each is the module `mlsys.experiments.<name>`)."""
 

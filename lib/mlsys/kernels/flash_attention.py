@@ -20,9 +20,9 @@ to run; (2) a second kernel that recomputes S and dP per tile (done here): 7 mat
 each kernel one plain loop to read. Chosen for the determinism and the reading.
 
 Costs for n = n_q = n_k, d, b bytes: naive (`accounting.attention.naive_attention_ops`) moves
-~8 n^2 elements per head (S and P written and read by each eager op); this kernel reads Q once,
-K and V once per query tile and writes O and L: 2 n d + 2 n d ceil(n / BLOCK_M) elements + 4n bytes
-(`flash_forward_traffic`). FLOPs 4 n^2 d (half when causal); backward 3.5x
+~6 n^2 elements per head (8 causal: S and P written and read by each eager op); this kernel reads
+Q once, K and V once per query tile and writes O and L: 2 n d + 2 n d ceil(n / BLOCK_M) elements
++ 4n bytes (`flash_forward_traffic`). FLOPs 4 n^2 d (half when causal); backward 3.5x
 (`flash_attention_flops`, `flash_attention_backward_flops`).
 
 Tiles are autotuned on a GPU over `tile_configs`, pruned by the device's shared memory

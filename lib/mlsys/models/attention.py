@@ -45,18 +45,31 @@ BLOCK_K = 64
 """Default key rows per tile."""
 
 
+def naive_attention(
+    q: Float[Tensor, "batch heads seq d_head"],
+    k: Float[Tensor, "batch heads seq d_head"],
+    v: Float[Tensor, "batch heads seq d_head"],
+    *,
+    is_causal: bool = False,
+) -> Float[Tensor, "batch heads seq d_head"]:
+    """softmax(q k^T / sqrt(d_head) [+ causal mask]) v as eager ops, the (seq x seq) scores and
+    probabilities materialized: the version whose bytes `accounting.attention.naive_attention_ops`
+    counts and whose backward keeps P (`attention_saved_tensors(..., backend="naive")`)."""
+    seq, d_head = q.shape[-2], q.shape[-1]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(d_head)  # (batch, heads, seq, seq)
+    if _check_bool(is_causal, "is_causal"):
+        future = torch.ones(seq, seq, dtype=torch.bool, device=q.device).triu(diagonal=1)
+        scores = scores.masked_fill(future, float("-inf"))  # query i may not look at keys j > i
+    return scores.softmax(dim=-1) @ v
+
+
 def naive_causal_attention(
     q: Float[Tensor, "batch heads seq d_head"],
     k: Float[Tensor, "batch heads seq d_head"],
     v: Float[Tensor, "batch heads seq d_head"],
 ) -> Float[Tensor, "batch heads seq d_head"]:
-    """softmax(q k^T / sqrt(d_head) + causal mask) v, with the (seq x seq) score matrix
-    materialized."""
-    seq, d_head = q.shape[-2], q.shape[-1]
-    scores = q @ k.transpose(-2, -1) / math.sqrt(d_head)  # (batch, heads, seq, seq)
-    future = torch.ones(seq, seq, dtype=torch.bool, device=q.device).triu(diagonal=1)
-    scores = scores.masked_fill(future, float("-inf"))  # query i may not look at keys j > i
-    return scores.softmax(dim=-1) @ v
+    """The model's "naive" backend: `naive_attention(q, k, v, is_causal=True)`."""
+    return naive_attention(q, k, v, is_causal=True)
 
 
 def sdpa_causal_attention(
@@ -322,3 +335,32 @@ def flash_torch_causal_attention(
 ) -> Float[Tensor, "batch heads seq d_head"]:
     """The "flash_torch" backend: causal `FlashAttentionTorch` with the default tiles."""
     return FlashAttentionTorch.apply(q, k, v, True)
+
+
+# --- checking an implementation against the reference ---------------------------------------------
+
+
+def max_error(fn, shapes: tuple[tuple[int, int, int], ...], *, dtype: torch.dtype,
+              causal: bool, generator: torch.Generator, batch: int = 2, heads: int = 3,
+              device: str = "cpu") -> float:
+    """The largest |error| of fn(q, k, v, causal)'s O, dq, dk and dv against `attention` in
+    float64, over random inputs of each (n_q, n_k, d) in `shapes` (§sec-attention; the tests
+    check every kernel the same way, per dtype)."""
+    if not callable(fn):
+        raise TypeError(f"fn must be callable as fn(q, k, v, is_causal), got {type(fn).__name__}")
+    _check_bool(causal, "causal")
+    worst = 0.0
+    for n_q, n_k, d in shapes:
+        q, k, v = (torch.randn(batch, heads, n, d, generator=generator, dtype=torch.float64)
+                   for n in (n_q, n_k, n_k))
+        grad = torch.randn(batch, heads, n_q, d, generator=generator, dtype=torch.float64)
+        mine = [t.to(device, dtype, copy=True).requires_grad_() for t in (q, k, v)]
+        ref = [t.clone().requires_grad_() for t in (q, k, v)]
+        out = fn(*mine, causal)
+        out.backward(grad.to(device, dtype))
+        expected = attention(*ref, is_causal=causal)
+        expected.backward(grad)
+        pairs = zip([out, *(t.grad for t in mine)], [expected, *(t.grad for t in ref)],
+                    strict=True)
+        worst = max(worst, *((a.double().cpu() - b).abs().max().item() for a, b in pairs))
+    return worst

@@ -1,0 +1,563 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# (sec-attention)=
+# # Attention and FlashAttention in Triton
+#
+# **Question.** One head of attention over {glue:text}`q_seq:,` tokens reads and writes
+# {glue:text}`q_io_mb:.1f` MB of queries, keys, values and output, yet naive attention keeps
+# {glue:text}`q_before_gb:.2f` GB for its backward and peaks at {glue:text}`q_peak_gb:.2f` GB inside
+# it. Where do those bytes come from, and how does a tiled kernel (FlashAttention-2) compute exactly
+# the same result and gradients while never storing the $n \times n$ matrices?
+
+# %% tags=["remove-cell"]
+# Colab or a fresh kernel: install the book's library if it is missing (a no-op in the book's own
+# environment). Offline, install it from a clone instead: `pip install -e .` at the clone's root.
+import importlib
+import importlib.util
+import subprocess
+import sys
+
+MLSYS_SOURCE = "git+https://github.com/mlsys-book/mlsys-book"
+if importlib.util.find_spec("mlsys") is None:
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", MLSYS_SOURCE],
+                         capture_output=True, text=True)
+    if pip.returncode != 0:
+        raise RuntimeError(
+            f"This chapter needs the book's library `mlsys`, and `pip install {MLSYS_SOURCE}` "
+            f"failed (offline?):\n{pip.stderr.strip()[-800:]}\nInstall it from a clone of the "
+            "repository (`pip install -e .` at its root), then restart the kernel.")
+    importlib.invalidate_caches()
+
+# %%
+from mlsys import env
+
+print(env.describe())
+
+# %%
+import math
+
+import matplotlib.pyplot as plt
+import torch
+from IPython.display import display
+
+from mlsys import experiments, hardware, plotting, third_party
+from mlsys.accounting import attention as A
+from mlsys.accounting import flops
+from mlsys.accounting.params import param_counts
+from mlsys.book import Table, glue, num
+from mlsys.experiments import attention_model_step, attention_sweep, flash_benchmark
+from mlsys.models.attention import FlashAttentionTorch, attention, max_error
+from mlsys.models.config import TransformerConfig
+
+# %% tags=["parameters"]
+SEED = 0
+# Napkin math (nothing measured): the question's head, the block of a preset, the GPUs
+Q_SEQ, Q_D = 16_384, 64  # one sequence, one head
+PRESET, BATCH, SEQ = "small", 4, 1_024
+SPEC = hardware.H100_SXM
+SWEEP_BATCH = 8  # the seed's sweep: batch 8, one head, fp32
+TILE = 128  # query and key tile of the tiling examples
+# Checks (run live): irregular shapes, (n_q, n_k, d) with n_q != n_k among them
+SHAPES = ((1, 1, 16), (37, 37, 32), (29, 61, 16), (61, 29, 32), (100, 100, 64))
+# Measurements: sizes per profile live with each experiment (lib/mlsys/experiments/)
+SWEEP = env.pick(**attention_sweep.SIZES)
+BENCH = env.pick(**flash_benchmark.SIZES)
+STEP = env.pick(**attention_model_step.SIZES)
+print(SWEEP, BENCH, STEP, sep="\n")
+
+# %% [markdown]
+# Attention computes, for each query, a softmax-weighted average of the values, the weights coming
+# from the query's dot products with every key {cite}`vaswani2017attention`. Written as tensor ops
+# it materializes two $n \times n$ matrices per head, the scores and the probabilities; everything
+# in this chapter follows from that. The napkin math counts them; the online softmax removes them; a
+# Triton kernel {cite}`dao2022flashattention,dao2023flashattention2` does it on a GPU; the
+# measurements check each step.
+#
+# ## Napkin math
+#
+# ### The block
+#
+# Multi-head attention projects the normalized input $x$ ($n \times D$) to $Q, K, V$ with three $D
+# \times D$ matrices, splits them into $H$ heads of $d = D/H$, computes $O_h =
+# \operatorname{softmax}(Q_h K_h^\top/\sqrt{d}\,[+\text{mask}])V_h$ per head, and projects the
+# concatenated heads back with a fourth $D \times D$ matrix. For `small` at {glue:text}`blk_tokens`
+# tokens per sequence, per layer and batch of {glue:text}`blk_batch`:
+
+# %%
+cfg = TransformerConfig.preset(PRESET)
+layer = flops.transformer_flops(cfg, BATCH, SEQ).layer
+counts = param_counts(cfg)
+projections = layer.q_proj + layer.k_proj + layer.v_proj + layer.o_proj
+core = layer.attention_scores + layer.attention_values
+assert counts.attention_per_layer == 4 * cfg.d_model**2  # no biases
+assert core == A.attention_forward_flops(BATCH, cfg.n_heads, SEQ, SEQ, cfg.d_head)  # dense
+glue("blk_tokens", f"{SEQ:,}")
+glue("blk_batch", BATCH)
+glue("blk_core_share", 100 * core / (core + projections))
+block_rows = []
+for seq in (256, 1_024, 4_096, 16_384, 65_536):
+    lf = flops.transformer_flops(TransformerConfig.preset(PRESET, context_length=65_536), 1,
+                                 seq).layer
+    proj = lf.q_proj + lf.k_proj + lf.v_proj + lf.o_proj
+    naive = A.naive_attention_forward_traffic(1, cfg.n_heads, seq, seq, cfg.d_head, "bf16",
+                                              causal=True)
+    tiled = A.flash_forward_traffic(1, cfg.n_heads, seq, seq, cfg.d_head, "bf16", block_q=TILE,
+                                    block_k=TILE, causal=True)
+    block_rows.append([f"{seq:,}", num(proj / 1e9), num((lf.attention_scores
+                                                        + lf.attention_values) / 1e9),
+                       num(naive.total_bytes / 1e6), num(tiled.total_bytes / 1e6),
+                       f"{naive.total_bytes / tiled.total_bytes:.0f}"])
+cross = 2 * cfg.d_model  # 4 n^2 D >= 8 n D^2  <=>  n >= 2D
+lf_cross = flops.transformer_flops(TransformerConfig.preset(PRESET), 1, cross).layer
+assert lf_cross.attention_scores + lf_cross.attention_values == (
+    lf_cross.q_proj + lf_cross.k_proj + lf_cross.v_proj + lf_cross.o_proj)
+glue("core_cross", f"{cross:,}")
+Table(["tokens", "projections GFLOP", "QKᵀ and PV GFLOP (dense)", "naive bytes (MB, bf16)",
+       "tiled bytes (MB)", "naive / tiled"], block_rows)
+
+# %% [markdown]
+# Parameters: $4D^2$ per layer. FLOPs: the projections cost $8nD^2$, linear in the length; the two
+# products with the $n \times n$ scores cost $4n^2D$ (dense; a causal mask does about half of it),
+# and overtake the projections from $n = 2D$ = {glue:text}`core_cross` tokens. Bytes (one sequence,
+# causal, bf16, the forward alone): the naive sequence of eager ops moves every $n \times n$ matrix
+# through memory several times (`naive_attention_ops`), the tiled kernel moves $Q, K, V, O$, reading
+# $K$ and $V$ once per query tile of {glue:text}`tile` rows. At {glue:text}`blk_tokens` tokens the
+# two $n^2$ matmuls are {glue:text}`blk_core_share:.0f`% of the attention FLOPs of `small`.
+#
+# ### Memory of naive attention
+#
+# Autograd keeps what each op's backward needs. For `naive_attention` = `softmax(q @ k.T / sqrt(d))
+# @ v`: the softmax keeps its output $P$, and so does $PV$ (the same storage). The backward then
+# makes $dP = dO\,V^\top$ and the softmax's backward makes $dS = P \circ (dP -
+# \operatorname{rowsum}(dP \circ P))$ while both $P$ and $dP$ are alive: three $n \times n$ matrices
+# at its peak. `accounting.attention.naive_memory` counts it, byte for byte:
+#
+# ```{literalinclude} ../lib/mlsys/accounting/attention.py
+# :pyobject: NaiveMemory
+# ```
+
+# %%
+glue("q_seq", Q_SEQ)
+q_mem = A.naive_memory(1, 1, Q_SEQ, Q_SEQ, Q_D, "fp32")
+glue("q_io_mb", 4 * Q_SEQ * Q_D * 4 / 1e6)  # q, k, v, O
+glue("q_before_gb", q_mem.before_backward_bytes / 1e9)
+glue("q_peak_gb", q_mem.backward_peak_bytes / 1e9)
+glue("tile", TILE)
+seed_eager = {(r.d_head, r.seq): r for r in third_party.CS336_STUDENT_ATTENTION
+              if r.variant == "eager"}
+seed_comp = {r.d_head: r for r in third_party.CS336_STUDENT_ATTENTION if r.variant == "compiled"}
+mib = 2**20
+seed_rows = []
+for (d, seq), r in seed_eager.items():
+    m = A.naive_memory(SWEEP_BATCH, 1, seq, seq, d, "fp32")
+    inputs = 3 * SWEEP_BATCH * seq * d * 4  # q, k, v (theirs count from zero, ours above them)
+    seed_rows.append([d, f"{seq:,}", num(r.before_backward_mb), num(
+        (m.before_backward_bytes + inputs) / mib), f"{r.before_backward_mb * mib / seq**2:.1f}",
+        num(r.peak_mb), f"{(r.peak_mb - r.before_backward_mb) * mib / m.matrix_bytes:.2f}"])
+per_pair = SWEEP_BATCH * 4  # batch x fp32 bytes per (query, key) pair: P
+long = seed_eager[(16, 16_384)]
+their_extra = (long.peak_mb - long.before_backward_mb) * mib / (SWEEP_BATCH * 16_384**2 * 4)
+assert abs(long.before_backward_mb * mib / 16_384**2 - per_pair) < 1  # settles near 32
+glue("per_pair", per_pair)
+glue("their_extra", their_extra)
+glue("our_extra", (q_mem.backward_peak_bytes - q_mem.before_backward_bytes) / q_mem.matrix_bytes)
+assert round(their_extra - (q_mem.backward_peak_bytes - q_mem.before_backward_bytes)
+             / q_mem.matrix_bytes) == 1  # one n x n matrix more than the book's code
+glue("seed_peak_gb", long.peak_mb * mib / 1e9)
+their_matrices = round(their_extra) + 1  # P and what their backward added
+glue("seed_peak_2x_gb", their_matrices * SWEEP_BATCH * 32_768**2 * 4 / 1e9)
+comp = seed_comp[16]
+glue("their_comp_extra", (comp.peak_mb - comp.before_backward_mb) * mib
+     / (SWEEP_BATCH * 16_384**2 * 4))
+Table(["d", "seq", "theirs: before backward (MiB)", "predicted, with q, k, v (MiB)",
+       "theirs: bytes / n²", "theirs: peak (MiB)", "theirs: added in backward (matrices)"],
+      seed_rows)
+
+# %% [markdown]
+# The seed's sweep (a third party's measurement {cite}`cs336_2025`: batch 8, one head, fp32, on an
+# Ampere GPU) checked against the count. Its "memory / seq²" settles near {glue:text}`per_pair`
+# bytes because $P$ holds one fp32 number per (query, key) pair for each of 8 sequences: $8 \times
+# 4$; at short lengths $q, k, v$ and the CUDA context's fixed allocations dominate. During the
+# backward their run added {glue:text}`their_extra:.2f` matrices of that size, where the book's
+# `naive_attention` adds {glue:text}`our_extra:.2f` ($dP$, $dS$, and the small $dV$): their code
+# holds one more $n \times n$ temporary than ours (which, their table does not say). Compiled, they
+# add {glue:text}`their_comp_extra:.2f`: the fused backward never holds $P$, $dP$ and a separate
+# $dS$ at once. Where does the peak stop fitting? Batch 8, fp32, one head, the eager peak against
+# each device's memory:
+
+# %%
+oom_rows = []
+for acc in hardware.ACCELERATORS.values():
+    fits = [n for n in (2**k for k in range(8, 18))
+            if A.naive_memory(SWEEP_BATCH, 1, n, n, 64, "fp32").backward_peak_bytes
+            <= acc.hbm_bytes]
+    largest = max(fits) if fits else None
+    oom_rows.append([acc.name, num(acc.hbm_bytes / 1e9), f"{largest:,}" if largest else "-",
+                     f"{2 * largest:,}" if largest else "-"])
+Table(["device", "memory (GB)", "longest power of two that fits", "first that does not"],
+      oom_rows)
+
+# %% [markdown]
+# At its peak the seed's run held {glue:text}`seed_peak_gb:.1f` GB at 16,384 tokens; at 32,768 its
+# $n^2$ terms alone would need {glue:text}`seed_peak_2x_gb:.0f` GB.
+#
+# ## The online softmax
+#
+# Softmax needs the row's maximum (for stability) and its sum before it can write any output: two
+# passes over the row. Milakov and Gimelshein {cite}`milakov2018online` keep both as running values
+# instead. After seeing keys $1..j$ with running max $m_j$ and running sum $\ell_j = \sum_{i \le j}
+# e^{s_i - m_j}$, a new block of scores $s'$ gives
+#
+# $$ m_{j'} = \max(m_j, \max s'), \qquad
+#    \ell_{j'} = \ell_j\, e^{m_j - m_{j'}} + \textstyle\sum e^{s' - m_{j'}}, $$
+#
+# and the same rescaling applies to a running output $o_j = \sum_{i \le j} e^{s_i - m_j} v_i$. At
+# the end $O = o/\ell$ and $L = m + \log \ell$, the log-sum-exp, which is all the backward needs to
+# rebuild $P = e^{S - L}$. Checked on random rows, block by block, and by merging two halves of the
+# keys computed apart (what context parallelism does, chapter 09):
+
+# %%
+g = torch.Generator().manual_seed(SEED)
+scores = torch.randn(5, 1_000, generator=g, dtype=torch.float64) * 20
+values = torch.randn(1_000, 8, generator=g, dtype=torch.float64)
+m = torch.full((5, 1), -math.inf, dtype=torch.float64)
+ell = torch.zeros(5, 1, dtype=torch.float64)
+acc = torch.zeros(5, 8, dtype=torch.float64)
+for start in range(0, 1_000, 128):  # one block of keys at a time
+    block = scores[:, start:start + 128]
+    m_new = torch.maximum(m, block.amax(dim=1, keepdim=True))
+    p = torch.exp(block - m_new)
+    ell = ell * torch.exp(m - m_new) + p.sum(dim=1, keepdim=True)
+    acc = acc * torch.exp(m - m_new) + p @ values[start:start + 128]
+    m = m_new
+online = acc / ell
+exact = torch.softmax(scores, dim=1) @ values
+err_online = (online - exact).abs().max().item()
+assert err_online < 1e-12 and torch.allclose(m + torch.log(ell), torch.logsumexp(scores, 1, True))
+glue("err_online", err_online)
+
+# %% [markdown]
+# Block by block, the result equals the two-pass softmax to {glue:text}`err_online:.1e` in float64.
+# Merging partial results computed on disjoint key sets uses only their outputs and log-sum-exps: $L
+# = \log(e^{L_1} + e^{L_2})$, $O = e^{L_1 - L}O_1 + e^{L_2 - L}O_2$:
+
+# %%
+q_m = torch.randn(2, 3, 40, 16, generator=g, dtype=torch.float64)
+k_m, v_m = (torch.randn(2, 3, 70, 16, generator=g, dtype=torch.float64) for _ in range(2))
+o_1, l_1 = attention(q_m, k_m[..., :30, :], v_m[..., :30, :], return_lse=True)
+o_2, l_2 = attention(q_m, k_m[..., 30:, :], v_m[..., 30:, :], return_lse=True)
+l_all = torch.logaddexp(l_1, l_2)
+merged = torch.exp(l_1 - l_all)[..., None] * o_1 + torch.exp(l_2 - l_all)[..., None] * o_2
+o_ref, l_ref = attention(q_m, k_m, v_m, return_lse=True)
+err_merge = max((merged - o_ref).abs().max().item(), (l_all - l_ref).abs().max().item())
+assert err_merge < 1e-12
+glue("err_merge", err_merge)
+
+# %% [markdown]
+# Merged: equal to attention over all 70 keys to {glue:text}`err_merge:.1e`.
+#
+# ## The code
+#
+# ### FlashAttention-2 in PyTorch
+#
+# The tiled algorithm, one query tile at a time, with the online softmax over key tiles; causal
+# tiles above the diagonal are never visited. It is slow in Python (a loop of small matmuls) and
+# exists to be read once:
+#
+# ```{literalinclude} ../lib/mlsys/models/attention.py
+# :pyobject: flash_attention_torch
+# ```
+#
+# Its backward rebuilds $P$ tile by tile from $Q$, $K$ and $L$: with $D = \operatorname{rowsum}(dO
+# \circ O)$ (equal to $\operatorname{rowsum}(P \circ dP)$), $dS = P \circ (dP - D)$ needs no $n
+# \times n$ matrix either. `FlashAttentionTorch` saves exactly $q, k, v, O, L$. Against the float64
+# reference on irregular shapes, causal (bottom-right when $n_q \ne n_k$), forward and backward:
+
+# %%
+torch_rows = []
+for dt in (torch.float64, torch.float32):
+    for causal in (False, True):
+        err = max_error(FlashAttentionTorch.apply, SHAPES, dtype=dt, causal=causal, generator=g)
+        assert err < (1e-10 if dt == torch.float64 else 1e-4)
+        torch_rows.append(["flash_torch", str(dt).removeprefix("torch."), causal, f"{err:.1e}"])
+Table(["implementation", "dtype", "causal", "max |error| (O, dQ, dK, dV)"], torch_rows)
+
+# %% [markdown]
+# ### The Triton kernels
+#
+# `mlsys.kernels.flash_attention` runs the same algorithm on a GPU, one program per query tile and
+# (batch, head): $Q$'s tile stays in registers, $K$ and $V$ stream through in tiles, the running max
+# and sum stay in fp32. For a causal mask the loop over key tiles stops at the diagonal, so tiles
+# entirely above it are never loaded, and only the tile crossing it is masked:
+#
+# ```{literalinclude} ../lib/mlsys/kernels/flash_attention.py
+# :pyobject: _flash_fwd_kernel
+# ```
+#
+# The backward is three kernels: $D = \operatorname{rowsum}(dO \circ O)$; one program per key tile
+# accumulating $dK$ and $dV$ over the query tiles that see it; one per query tile accumulating $dQ$
+# over its key tiles. $dQ$ sums over key tiles, which the $dK/dV$ programs own: FlashAttention-2's
+# CUDA code adds each contribution with atomics into an fp32 buffer (5 matmuls per tile pair, a
+# summation order that changes from run to run); the book's kernel recomputes $S$ and $dP$ in a
+# separate $dQ$ kernel instead (7 matmuls, no atomics, bit-for-bit reproducible gradients). Without
+# a GPU the kernels run in Triton's interpreter, slowly but exactly:
+
+# %%
+from mlsys.kernels import _triton  # noqa: E402 (imports Triton: set up for this machine first)
+
+triton_rows = []
+if _triton.HAS_TRITON:
+    from mlsys.kernels.flash_attention import FlashAttentionTriton
+
+    device = "cuda" if env.device() == "cuda" else "cpu"
+    for dt in (torch.float32, torch.float16):
+        for causal in (False, True):
+            err = max_error(FlashAttentionTriton.apply, SHAPES[:4], dtype=dt, causal=causal,
+                            generator=g, device=device)
+            tol = _triton.ATTENTION_TOLERANCES[dt]["grad"]  # the tests' tolerance
+            assert err < 10 * (tol["atol"] + tol["rtol"])  # inputs and outputs of order 1
+            triton_rows.append(["flash_triton", str(dt).removeprefix("torch."), causal,
+                                f"{err:.1e}", f"{tol['atol']:.0e} + {tol['rtol']:.0e}·|ref|"])
+glue("triton_mode", "interpreted on the CPU" if _triton.INTERPRETED else "compiled on the GPU"
+     if _triton.HAS_TRITON else "not run: Triton is not installed (Linux only)")
+Table(["implementation", "dtype", "causal", "max |error| (O, dQ, dK, dV)", "tests' tolerance"],
+      triton_rows)
+
+# %% [markdown]
+# The kernels ({glue:text}`triton_mode`) match the float64 reference; the test suite checks them on
+# over 200 random irregular shapes. How much of the $n \times n$ work does causal tile skipping
+# save, and what does the backward pay for not storing $P$? With tiles of {glue:text}`tile`:
+
+# %%
+n_big, d_big = Q_SEQ, 128
+dense = A.score_pairs(n_big, n_big)
+tiled_pairs = A.tiled_score_pairs(n_big, n_big, block_q=TILE, block_k=TILE, causal=True)
+exact_pairs = A.score_pairs(n_big, n_big, causal=True)
+p_bytes = A.naive_memory(1, 1, n_big, n_big, d_big, "bf16").matrix_bytes
+fwd = A.attention_forward_flops(1, 1, n_big, n_big, d_big, causal=True)
+extra = {s_: A.attention_backward_flops(1, 1, n_big, n_big, d_big, causal=True, strategy=s_)
+         / fwd for s_ in A.BACKWARD_MATMULS}
+assert exact_pairs < tiled_pairs < 0.51 * dense
+glue("tiled_share", 100 * tiled_pairs / dense)
+glue("exact_share", 100 * exact_pairs / dense)
+glue("p_mb", p_bytes / 1e6)
+glue("bwd_stored", extra["stored_p"])
+glue("bwd_atomic", extra["atomic_dq"])
+glue("bwd_separate", extra["separate_dq"])
+glue("big_seq", f"{n_big:,}")
+
+# %% [markdown]
+# At {glue:text}`big_seq` tokens the causal kernel computes {glue:text}`tiled_share:.2f`% of the
+# dense pairs (the exact triangle is {glue:text}`exact_share:.2f`%; the diagonal tiles are computed
+# whole). Keeping $P$ would cost {glue:text}`p_mb:,.0f` MB per head in bf16, read back in the
+# backward; recomputing it costs matmuls instead: the backward does {glue:text}`bwd_stored:.1f`× the
+# forward's FLOPs with $P$ stored, {glue:text}`bwd_atomic:.1f`× with atomics and
+# {glue:text}`bwd_separate:.1f`× with the book's separate $dQ$ kernel. FLOPs are cheap next to $n^2$
+# bytes: the recomputation is what makes the backward fit and what makes it fast.
+#
+# ## Measurement
+#
+# ### The naive sweep, eager and compiled
+#
+# The seed's sweep on this machine: batch {glue:text}`sweep_batch`, one head, each length's memory
+# read by the allocator from fresh inputs and predicted by `naive_memory` before it is read:
+
+# %%
+sweep_rows = attention_sweep.run(SWEEP)
+sweep_verdicts = attention_sweep.verdicts(sweep_rows)
+glue("sweep_batch", SWEEP.batch)
+glue("sweep_memory", sweep_verdicts["memory"])
+glue("sweep_compiled", sweep_verdicts["compiled"])
+attention_sweep.table(sweep_rows)
+
+# %% tags=["remove-input"]
+fig, axes = plotting.subplots(1, 2, width=11.0, height=4.0)
+attention_sweep.plot(sweep_rows, axes)
+plt.show()
+
+# %% [markdown]
+# Memory: {glue:text}`sweep_memory`. Compiled: {glue:text}`sweep_compiled`. What Inductor does
+# depends on the device: on a GPU it fuses the scale, mask and softmax, forward and backward, into
+# single kernels (the seed's compiled peak is half its eager one); on a CPU it may go further and
+# replace the whole pattern by PyTorch's fused attention, keeping no $n \times n$ matrix at all.
+# Where it loses: each new shape compiles again, and a fused softmax still writes $P$ to memory
+# once, which a tiled kernel never does.
+#
+# ### Every implementation, timed
+#
+# The Triton kernel, the PyTorch tiled version, naive, compiled naive and the SDPA backends, round
+# robin per configuration; achieved TFLOP/s count only the useful work (the pairs attended, and a
+# backward of 2× the forward), so a kernel that recomputes gets no credit for it:
+
+# %%
+bench_rows = flash_benchmark.run(BENCH)
+bench_verdicts = flash_benchmark.verdicts(bench_rows)
+glue("bench_speed", bench_verdicts["speed"])
+glue("bench_memory", bench_verdicts["memory"])
+flash_benchmark.table(bench_rows)
+
+# %% [markdown]
+# On this machine: {glue:text}`bench_speed`; {glue:text}`bench_memory`. On a CPU the pure-PyTorch
+# tiled version pays Python's overhead for every tile; it is the algorithm, not a fast kernel.
+#
+# ### The model with each backend
+#
+# The book's model, one training step per attention backend, from the same weights and batch:
+
+# %%
+step_rows = attention_model_step.run(STEP)
+step_verdicts = attention_model_step.verdicts(step_rows)
+glue("step_memory", step_verdicts["memory"])
+glue("step_time", step_verdicts["time"])
+attention_model_step.table(step_rows)
+
+# %% [markdown]
+# Memory: {glue:text}`step_memory`. Time: {glue:text}`step_time`. The saved bytes equal
+# `saved_bytes` for every backend; the fused backends keep $q, k, v, O$ and $L$ where naive keeps
+# $P$ and the mask.
+#
+# ### Recorded GPU results
+#
+# `python -m mlsys.experiments` runs the three experiments in GPU sizes: the seed's sweep (batch 8,
+# d 16 to 128, up to 32,768 tokens), every implementation in bf16 and fp32 up to 65,536 tokens
+# (naive stops where it runs out of memory), and the `small` model with each backend. The issue's
+# targets, read from the record: at bf16, causal, d = 128 and 16,384 tokens on one H100, the forward
+# at least as fast as the best SDPA backend and at least half the dense peak, forward + backward at
+# least 0.9× the best SDPA backend.
+
+# %%
+for name, tables in {"attention_sweep": [attention_sweep.table],
+                     "flash_benchmark": [flash_benchmark.table],
+                     "attention_model_step": [attention_model_step.table]}.items():
+    runs = experiments.recorded(name)
+    print(f"{name}: {len(runs)} record(s)" if runs else experiments.no_record_text(name))
+    for record in runs:
+        print(experiments.provenance_line(record))
+        for table in tables:
+            display(table(record["results"]))
+        if name == "flash_benchmark":
+            accelerator = hardware.match_device_name(record["provenance"]["device"])
+            print("targets:", flash_benchmark.targets(record["results"], accelerator))
+            fig, ax = plotting.subplots(width=8.0, height=4.0)
+            flash_benchmark.plot(record["results"], ax, **{k: flash_benchmark.TARGET[k]
+                                                           for k in ("dtype", "causal", "d_head")})
+            plt.show()
+
+# %% [markdown]
+# ```{admonition} Takeaway
+# :class: tip
+# Naive attention keeps one $n \times n$ matrix per head for the backward and holds three at the
+# backward's peak ({glue:text}`q_before_gb:.2f` GB and {glue:text}`q_peak_gb:.2f` GB for one head at
+# {glue:text}`q_seq:,` tokens). The online softmax computes the same output one key tile at a time
+# from a running max and sum, and the log-sum-exp it leaves behind lets the backward rebuild $P$
+# tile by tile: $O(n)$ memory, exact results, more FLOPs and far fewer bytes.
+# ```
+#
+# ## Exercises
+#
+# ### Q1 [32k tokens, one layer]
+#
+# One layer of attention, batch 1, 32 heads of 128, bf16, causal, 32,768 tokens. (a) What does naive
+# attention keep for the backward, and what does a FlashAttention backend keep? (b) How many bytes
+# does each move in the forward (tiles of 128)? (c) On an H100, what lower bound on the forward's
+# time does each give, and which is memory-bound?
+
+# %% tags=["hide-cell"]
+heads_1, d_1, n_1 = 32, 128, 32_768
+naive_keep = A.attention_saved_bytes(1, heads_1, n_1, n_1, d_1, "bf16", backend="naive")
+flash_keep = A.attention_saved_bytes(1, heads_1, n_1, n_1, d_1, "bf16", backend="flash_triton")
+naive_io = A.naive_attention_forward_traffic(1, heads_1, n_1, n_1, d_1, "bf16", causal=True)
+flash_io = A.flash_forward_traffic(1, heads_1, n_1, n_1, d_1, "bf16", block_q=128, block_k=128,
+                                   causal=True)
+f_1 = A.attention_forward_flops(1, heads_1, n_1, n_1, d_1, causal=True)
+peak_1, bw_1 = SPEC.peak_flop_per_s("bf16"), SPEC.hbm_bytes_per_s
+bounds = {"naive": (A.attention_forward_flops(1, heads_1, n_1, n_1, d_1) / peak_1,  # every pair
+                    naive_io.total_bytes / bw_1),
+          "tiled": (f_1 / peak_1, flash_io.total_bytes / bw_1)}
+t_naive, t_flash = (max(b_) for b_ in bounds.values())
+assert bounds["naive"][1] > bounds["naive"][0] and t_naive > 5 * t_flash
+glue("q1_naive_bound", "memory-bound" if bounds["naive"][1] > bounds["naive"][0]
+     else "compute-bound")
+glue("q1_flash_bound", "its bytes take longer than its FLOPs: memory-bound by this count, which "
+     "charges every re-read of K and V to HBM (most of them hit the L2 cache)"
+     if bounds["tiled"][1] > bounds["tiled"][0] else "its FLOPs take longer than its bytes: "
+     "compute-bound")
+glue("q1_flash_flop_ms", bounds["tiled"][0] * 1e3)
+glue("q1_flash_byte_ms", bounds["tiled"][1] * 1e3)
+for name, value in {"q1_naive_gb": naive_keep / 1e9, "q1_flash_mb": flash_keep / 1e6,
+                    "q1_naive_io": naive_io.total_bytes / 1e9,
+                    "q1_flash_io": flash_io.total_bytes / 1e9, "q1_t_naive": t_naive * 1e3,
+                    "q1_t_flash": t_flash * 1e3}.items():
+    glue(name, value)
+
+# %% [markdown]
+# ```{dropdown} Answer
+# (a) Naive keeps $P$ and the mask: {glue:text}`q1_naive_gb:.1f` GB; a FlashAttention backend keeps
+# $q, k, v, O$ and $L$: {glue:text}`q1_flash_mb:.0f` MB. (b) Naive moves
+# {glue:text}`q1_naive_io:.0f` GB (every eager op reads and writes an $n \times n$ matrix), the
+# tiled kernel {glue:text}`q1_flash_io:.1f` GB. (c) Naive: at least {glue:text}`q1_t_naive:.1f` ms,
+# {glue:text}`q1_naive_bound`. Tiled: {glue:text}`q1_flash_flop_ms:.1f` ms of FLOPs and
+# {glue:text}`q1_flash_byte_ms:.1f` ms of bytes; {glue:text}`q1_flash_bound`. Either way it is
+# several times faster than naive's bound.
+# ```
+#
+# ### Q2 [Find the error]
+#
+# "FlashAttention is faster because it does less work: it never computes the full attention matrix,
+# and its backward skips the matrix too." What is wrong? Count the backward's FLOPs.
+
+# %% tags=["hide-cell"]
+q2 = {s_: A.attention_backward_flops(1, 1, 4_096, 4_096, 64, strategy=s_) for s_ in
+      A.BACKWARD_MATMULS}
+assert q2["separate_dq"] > q2["atomic_dq"] > q2["stored_p"]
+glue("q2_more", q2["atomic_dq"] / q2["stored_p"])
+
+# %% [markdown]
+# ```{dropdown} Answer
+# It computes every score, tile by tile; it only never *stores* the matrix. Its backward does more
+# FLOPs than naive autograd's, {glue:text}`q2_more:.2f`× with FlashAttention-2's atomics (it
+# recomputes $S$ and $P$), more with a separate $dQ$ kernel. It is faster because it moves $O(n^2
+# d^2/M)$ bytes instead of $O(n^2)$ (Dao et al.'s IO bound) and fuses the softmax into the matmuls:
+# the time of attention is set by bytes, not FLOPs.
+# ```
+#
+# ### Q3 [How much does causal skipping save?]
+#
+# With square tiles of $b$ rows and $n = tb$ tokens, how many tiles does a causal kernel compute,
+# and what fraction of the dense work is that at $n$ = 16,384 with $b$ = 64 and 128?
+
+# %% tags=["hide-cell"]
+q3 = {}
+for b_3 in (64, 128):
+    t_3 = Q_SEQ // b_3
+    q3[b_3] = A.tiled_score_pairs(Q_SEQ, Q_SEQ, block_q=b_3, block_k=b_3, causal=True) / Q_SEQ**2
+    assert math.isclose(q3[b_3], t_3 * (t_3 + 1) / 2 / t_3**2)  # t(t + 1)/2 tiles of t^2
+glue("q3_64", 100 * q3[64])
+glue("q3_128", 100 * q3[128])
+
+# %% [markdown]
+# ```{dropdown} Answer
+# The tiles on or below the diagonal: $t(t+1)/2$ of $t^2$, a fraction $(t+1)/(2t)$ =
+# {glue:text}`q3_64:.2f`% at $b$ = 64 and {glue:text}`q3_128:.2f`% at $b$ = 128. Smaller tiles waste
+# less on the diagonal but reload $K$ and $V$ more often.
+# ```
+#
+# ## Summary
+#
+# - Attention's projections cost $8nD^2$ FLOPs, its two $n^2$ matmuls $4n^2D$ (half with a causal
+#   mask): they dominate from $n = 2D$.
+# - Naive attention keeps $P$ for the backward and holds $P$, $dP$ and $dS$ at its peak: the seed's
+#   "memory/seq²" near 32 is 8 sequences × 4 bytes of $P$.
+# - The online softmax (running max and sum, rescaled) gives the exact softmax one tile at a time,
+#   and partial results merge through their log-sum-exp.
+# - FlashAttention-2 keeps $q, k, v, O, L$, recomputes $P$ in the backward, and skips causal tiles
+#   above the diagonal; it does more FLOPs and moves far fewer bytes.
