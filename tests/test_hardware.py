@@ -172,3 +172,23 @@ def test_peak_numbers_live_only_in_hardware_py():
             text = path.read_text(encoding="utf-8")
             offenders += [f"{path.relative_to(root)}: {n}" for n in forbidden if n in text]
     assert not offenders, offenders
+
+
+@pytest.mark.parametrize("key", list(hardware.LINKS))
+def test_every_link_has_a_source_and_a_per_direction_figure(key):
+    link = hardware.LINKS[key]
+    assert link.source.startswith("https://") and link.name
+    assert 1e10 <= link.bytes_per_s <= 1e12  # per direction: 25 GB/s (IB HDR) to 900 GB/s
+
+
+def test_clusters_use_their_accelerators_links():
+    for key, cluster in hardware.CLUSTERS.items():
+        assert cluster.intra_node.bytes_per_s == cluster.accelerator.interconnect_bytes_per_s, key
+        assert cluster.ring_link(cluster.per_node) is cluster.intra_node
+    dgx = hardware.get_cluster("dgx-a100")
+    assert dgx.ring_link(9) is hardware.LINKS["ib-hdr"]  # one node is 8 GPUs
+    assert hardware.LINKS["nvlink4"].bytes_per_s * 2 == 900e9  # NVIDIA's "900 GB/s" is both ways
+    with pytest.raises(ValueError, match="cluster='dgx-v100' is not one of"):
+        hardware.get_cluster("dgx-v100")
+    with pytest.raises(TypeError, match="must be Links"):
+        hardware.Cluster("x", hardware.H100_SXM, 8, "NVLink", None)

@@ -1,14 +1,20 @@
-"""The training step of `mlsys.training`: it learns, autocasts when asked, counts state."""
+"""The training step of `mlsys.training`: it learns, autocasts when asked, counts state, and runs
+under every precision policy holding exactly its recipe's bytes."""
 
 import pytest
 import torch
 
-from mlsys.accounting.memory import model_state_breakdown
+from mlsys import memory_timeline
+from mlsys.accounting.memory import model_state_breakdown, model_state_bytes
 from mlsys.accounting.params import count_params
+from mlsys.loss_scaling import DynamicLossScaler
 from mlsys.models.transformer import Transformer, TransformerConfig
 from mlsys.training import (
+    POLICIES,
+    make_policy_step,
     make_train_step,
     next_token_loss,
+    policy,
     state_after_one_step,
     training_state_bytes,
 )
@@ -116,3 +122,102 @@ def test_the_train_step_checks_its_token_ids_once():
     bad[0, -1] = cfg.vocab_size  # a target out of range: caught before any step runs
     with pytest.raises(ValueError, match=r"tokens must be ids in \[0, vocab_size\)"):
         make_train_step(model, torch.optim.AdamW(model.parameters()), bad)
+
+
+# --- precision policies: one name, the napkin bytes and the runnable step -------------------------
+
+TINY = TransformerConfig(vocab_size=128, context_length=32, d_model=32, n_layers=1, n_heads=2,
+                         d_ff=64)
+POLICY_CASES = [*POLICIES, policy("bf16_mixed_adamw", low="fp16", loss_scale="dynamic"),
+                policy("fp32_adamw", autocast="bf16"),
+                policy("bf16_mixed_adamw_fp32_grads", low="fp16", loss_scale="dynamic")]
+
+
+def _tiny_tokens(seed=0, batch=2, seq=8):
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(TINY.vocab_size, (batch, seq + 1), generator=gen)
+
+
+@pytest.mark.parametrize("chosen", POLICY_CASES, ids=lambda c: policy(c).label)
+def test_every_policy_holds_exactly_its_recipe_bytes_in_the_allocator(chosen):
+    """The allocator (CPU profiler events) after one step holds the recipe's model states plus the
+    buffers and AdamW's scalar step counters: nothing more, nothing less."""
+    tokens = _tiny_tokens()
+    meter = memory_timeline.meter("cpu")
+    with meter.recording():
+        with meter.phase("build"):
+            model = Transformer(TINY)
+            step = make_policy_step(model, tokens, chosen, lr=1e-3)
+        with meter.phase("step"):
+            step()
+    name = step.policy.name
+    n = count_params(TINY)
+    held = step.state_bytes()
+    counters = held.pop("step counters")
+    assert held == model_state_breakdown(n, name)
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    live = meter.rows[-1]["live_bytes"]
+    assert live == model_state_bytes(n, name) + buffers + counters
+    assert counters == (4 * len(step.params) if step.policy.optimizer == "adamw" else 0)
+
+
+def test_a_policy_step_learns_and_keeps_its_dtypes():
+    tokens = _tiny_tokens()
+    for chosen in ("bf16_mixed_adamw", "bf16_mixed_adamw_fp32_grads", "fp32_sgd_momentum"):
+        torch.manual_seed(0)
+        model = Transformer(TINY)
+        step = make_policy_step(model, tokens, chosen, lr=1e-2)
+        losses = [float(step()) for _ in range(4)]
+        assert losses[-1] < losses[0], chosen
+        want = torch.bfloat16 if chosen.startswith("bf16") else torch.float32
+        assert all(p.dtype == want for p in model.parameters())
+        assert all(m.dtype == torch.float32 for m in step.master)
+        for p, m in zip(step.params, step.master, strict=False):
+            assert torch.equal(p, m.to(p.dtype))  # the weights are the master copy, rounded
+
+
+def test_the_master_copy_starts_from_the_unrounded_weights():
+    torch.manual_seed(0)
+    model = Transformer(TINY)
+    before = [p.detach().clone() for p in model.parameters()]
+    step = make_policy_step(model, _tiny_tokens(), "bf16_mixed_adamw")
+    assert all(torch.equal(b, m) for b, m in zip(before, step.master, strict=True))
+    assert any(not torch.equal(b, p.float()) for b, p in zip(before, model.parameters(),
+                                                               strict=True))
+
+
+def test_make_train_step_with_a_grad_scaler_skips_an_overflowing_step():
+    torch.manual_seed(0)
+    model = Transformer(TINY)
+    optimizer = torch.optim.AdamW(model.parameters())
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**40)
+    before = [p.detach().clone() for p in model.parameters()]
+    make_train_step(model, optimizer, _tiny_tokens(), autocast_dtype="fp16",
+                    grad_scaler=scaler)()
+    assert scaler.get_scale() == 2.0**39  # the fp16 backward overflowed: backed off ...
+    assert all(torch.equal(b, p) for b, p in zip(before, model.parameters(), strict=True))
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        (lambda: make_train_step(MODEL, OPTIMIZER, TOKENS, grad_scaler="yes"), TypeError,
+         "grad_scaler must be a torch.amp.GradScaler"),
+        (lambda: make_policy_step(MODEL, TOKENS, "fp16_adamw"), ValueError,
+         "name='fp16_adamw' is not one of"),
+        (lambda: make_policy_step(MODEL, TOKENS, "fp32_adamw", lr=0), ValueError,
+         "lr must be > 0"),
+        (lambda: make_policy_step(MODEL, TOKENS, "fp32_adamw", scaler=DynamicLossScaler()),
+         ValueError, "does not scale its loss"),
+        (lambda: make_policy_step(MODEL, TOKENS, policy("fp32_adamw", loss_scale="dynamic"),
+                                  scaler=2.0), TypeError, "scaler must be a DynamicLossScaler"),
+        (lambda: make_policy_step(MODEL, TOKENS.float(), "fp32_adamw"), TypeError,
+         "tokens must be an integer"),
+        (lambda: make_policy_step(MODEL, TOKENS.to("meta"), "fp32_adamw"), ValueError,
+         "move them to one device first"),
+    ],
+)
+def test_invalid_policy_steps_raise_before_anything_is_cast(call, error, message):
+    with pytest.raises(error, match=message):
+        call()
+    assert all(p.dtype == torch.float32 for p in MODEL.parameters())

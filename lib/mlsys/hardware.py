@@ -19,6 +19,8 @@ Sources:
   https://www.nvidia.com/en-us/data-center/hgx/ .
 - TPU v5p: Google Cloud TPU v5p page https://cloud.google.com/tpu/docs/v5p and the table in
   "How to Scale Your Model", part 2 (https://jax-ml.github.io/scaling-book/tpus/).
+- Links and clusters (`LINKS`, `CLUSTERS`): the accelerators' own NVLink and PCIe figures; the DGX
+  A100 / H100 datasheets for the InfiniBand ports (one per GPU); PCI-SIG for PCIe rates.
 Used in: every chapter that compares a measurement with a peak; book page "Hardware reference".
 """
 
@@ -208,6 +210,106 @@ ACCELERATORS: dict[str, Accelerator] = {
     "b200": B200,
     "tpu-v5p": TPU_V5P,
 }
+
+@dataclass(frozen=True)
+class Link:
+    """One kind of link between accelerators, as one chip sees it."""
+
+    name: str
+    bytes_per_s: float
+    """Bandwidth per direction available to one chip over this fabric (all its lanes or links
+    together); spec sheets quote the sum of both directions for NVLink and PCIe."""
+    source: str
+    notes: str = ""
+
+    def __post_init__(self) -> None:
+        for attr in ("name", "source"):
+            if not isinstance(getattr(self, attr), str) or not getattr(self, attr):
+                raise TypeError(f"{attr} must be a non-empty string, got {getattr(self, attr)!r}")
+        checks.positive(self.bytes_per_s, f"{self.name}: bytes_per_s")
+
+
+def _link(acc: Accelerator, name: str, notes: str = "") -> Link:
+    """The chip-to-chip link of `acc` (its `interconnect_bytes_per_s`), named."""
+    return Link(name, acc.interconnect_bytes_per_s, acc.sources[0], notes)
+
+
+LINKS: dict[str, Link] = {
+    "nvlink3": _link(A100_80GB_SXM, "NVLink 3 (A100 SXM, through NVSwitch)",
+                     "12 links x 25 GB/s per direction; '600 GB/s' counts both directions"),
+    "nvlink4": _link(H100_SXM, "NVLink 4 (H100/H200 SXM, through NVSwitch)",
+                     "18 links x 25 GB/s per direction; '900 GB/s' counts both directions"),
+    "nvlink5": _link(B200, "NVLink 5 (B200, through NVSwitch)",
+                     "18 links x 50 GB/s per direction; '1.8 TB/s' counts both directions"),
+    "pcie4": Link("PCIe Gen4 x16", A100_80GB_SXM.pcie_bytes_per_s,
+                  "https://pcisig.com/specifications",
+                  "16 GT/s x 16 lanes, 128b/130b: 31.5 GB/s per direction ('64 GB/s' both)"),
+    "pcie5": Link("PCIe Gen5 x16", H100_SXM.pcie_bytes_per_s, "https://pcisig.com/specifications",
+                  "32 GT/s x 16 lanes: 63 GB/s per direction ('128 GB/s' both)"),
+    "ib-hdr": Link("InfiniBand HDR, one 200 Gb/s port per GPU", 25 * GIGA,
+                   "https://www.nvidia.com/en-us/data-center/dgx-a100/",
+                   "DGX A100: 8 ConnectX-6 HDR ports, one per GPU; 200 Gb/s = 25 GB/s per "
+                   "direction"),
+    "ib-ndr": Link("InfiniBand NDR, one 400 Gb/s port per GPU", 50 * GIGA,
+                   "https://www.nvidia.com/en-us/data-center/dgx-h100/",
+                   "DGX H100 and DGX B200: 8 ConnectX-7 ports of 400 Gb/s, one per GPU = 50 GB/s "
+                   "per direction"),
+    "ici-v5p": Link("TPU v5p ICI, one link", TPU_V5P.interconnect_bytes_per_s, TPU_V5P.sources[1],
+                    "6 links per chip (3-D torus); a ring along one axis that uses both "
+                    "neighbours sends over 2 links: the Scaling Book's 2 x 90 GB/s"),
+    "ici-v5p-axis": Link("TPU v5p ICI, one torus axis (a link to each neighbour)",
+                         2 * TPU_V5P.interconnect_bytes_per_s,
+                         "https://jax-ml.github.io/scaling-book/training/",
+                         "the Scaling Book's W_ici = 2 x 9e10 B/s for a collective along one axis "
+                         "of the 3-D torus (its training chapter, v5p)"),
+}
+"""Links between accelerators, per direction, each with its source."""
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Accelerators in nodes: how many per node, and the links inside and between nodes."""
+
+    name: str
+    accelerator: Accelerator
+    per_node: int
+    intra_node: Link
+    inter_node: Link | None  # None: a single node (or a pod with no slower tier modelled)
+
+    def __post_init__(self) -> None:
+        checks.positive_int(self.per_node, f"{self.name}: per_node")
+        if not isinstance(self.intra_node, Link) or not (self.inter_node is None or
+                                                         isinstance(self.inter_node, Link)):
+            raise TypeError(f"{self.name}: intra_node and inter_node must be Links")
+
+    def ring_link(self, n_ranks: int) -> Link:
+        """The slowest link a ring over `n_ranks` accelerators crosses: the node's own link while
+        the ring fits in one node, the network between nodes beyond it."""
+        n = checks.positive_int(n_ranks, "n_ranks")
+        if n <= self.per_node:
+            return self.intra_node
+        if self.inter_node is None:
+            raise ValueError(f"{self.name} has {self.per_node} accelerators per node and no "
+                             f"link between nodes: a ring of {n} does not fit")
+        return self.inter_node
+
+
+CLUSTERS: dict[str, Cluster] = {
+    "dgx-a100": Cluster("DGX A100 nodes", A100_80GB_SXM, 8, LINKS["nvlink3"], LINKS["ib-hdr"]),
+    "dgx-h100": Cluster("DGX H100 nodes", H100_SXM, 8, LINKS["nvlink4"], LINKS["ib-ndr"]),
+    "dgx-b200": Cluster("DGX B200 nodes", B200, 8, LINKS["nvlink5"], LINKS["ib-ndr"]),
+    "tpu-v5p": Cluster("TPU v5p pod (ICI throughout, 8,960 chips)", TPU_V5P, 8_960,
+                       LINKS["ici-v5p"], None),
+}
+"""Named clusters: a node of accelerators and the links within and between nodes."""
+
+
+def get_cluster(name: str) -> Cluster:
+    """Look up a cluster by key ("dgx-a100", "dgx-h100", "dgx-b200", "tpu-v5p")."""
+    if not isinstance(name, str):
+        raise TypeError(f"name must be a cluster key such as 'dgx-h100', got {name!r}")
+    return CLUSTERS[checks.choice(name.strip().lower(), "cluster", CLUSTERS)]
+
 
 CUDA_DEVICE_NAMES: dict[str, str] = {
     "NVIDIA H100 80GB HBM3": "h100",  # the H100 SXM5

@@ -1,0 +1,14 @@
+"""Distributed training on one machine: launching ranks, collectives, data parallelism and ZeRO.
+
+- `launch`: start N ranks (gloo on the CPU, NCCL on GPUs), run a function on each, get the values
+  back; free ports, timeouts, tracebacks of failing ranks, no orphan processes.
+- `comms`: a ring all-reduce written from sends and receives, and `count_bytes`, which wraps the
+  `torch.distributed` calls and counts what each rank sends and receives (`accounting.comms`).
+- `ddp`: data parallelism as wrappers of an unmodified module: naive (one all-reduce per
+  parameter), flat (one for all), overlapped (per parameter, from backward hooks) and bucketed.
+- `zero`: ZeRO stages 1 and 2, `ShardedOptimizer`, and what each rank holds.
+
+The cost models (bytes per collective, the alpha-beta time, ZeRO's memory and traffic per stage)
+are torch-free, in `mlsys.accounting.comms` and `mlsys.accounting.zero`. Process groups are always
+passed explicitly (`Rank.group` from the launcher). Used in: §sec-data-parallel (chapter 08).
+"""

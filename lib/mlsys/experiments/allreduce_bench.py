@@ -1,0 +1,253 @@
+"""All-reduce time against message size and rank count, with the alpha-beta model fitted to it.
+
+For each rank count, one launch (`distributed.launch`) times `dist.all_reduce` of every size: a
+barrier, then back-to-back calls (as many as `calls_per_sample` says; a device sync on GPU), on
+every rank; a sample is the slowest rank's time per call, since a collective is done when its last
+rank is. The rows give the algorithm bandwidth
+(M / time) and the bus bandwidth (x 2 (n-1)/n, nccl-tests' definition), and per rank count the
+fitted latency per step (alpha) and bandwidth (beta) of `accounting.comms`, beside the link's spec
+where there is one (NVLink on a GPU node; none for gloo over loopback on one CPU).
+
+On a CPU the ranks are gloo processes on one machine: the sizes are small and the "link" is the
+memory and the kernel's loopback. On GPUs the ranks are NCCL processes, one per GPU; a machine
+with one GPU cannot run 2 ranks, so it records one-rank rows (no bytes cross a link) and a row
+that says why. `third_party_fit` fits the same model to the seed's 2-GPU NCCL table.
+Used in: §sec-data-parallel (chapter 08).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from mlsys import bench, env, hardware, third_party
+from mlsys.accounting import comms as C
+from mlsys.book import Table, num, verdict
+from mlsys.experiments import Experiment, timing_fields, timing_of
+
+MIB = 2**20
+SAMPLE_BYTES = 4 * MIB
+MAX_CALLS = 64
+
+
+@dataclass(frozen=True)
+class Sizes:
+    world_sizes: tuple[int, ...]
+    message_bytes: tuple[int, ...]  # float32 tensors of these sizes
+    warmup: int
+    repeats: int
+
+
+SIZES = {
+    "smoke": Sizes((2,), (2**12, 2**16, 2**22), 1, 5),
+    "cpu": Sizes((2, 4, 6), (MIB, 4 * MIB, 16 * MIB, 64 * MIB), 2, 10),
+    "gpu": Sizes((2, 4, 6), (MIB, 10 * MIB, 100 * MIB, 1_024 * MIB), 5, 20),  # the seed's sizes
+}
+
+
+def calls_per_sample(message_bytes: int) -> int:
+    """All-reduces timed back to back in one sample: enough for `SAMPLE_BYTES`, at most
+    `MAX_CALLS` (as nccl-tests averages many iterations), so a small message's sample measures
+    its latency in a stream of calls, not the wake-up after a barrier."""
+    return max(1, min(MAX_CALLS, SAMPLE_BYTES // message_bytes))
+
+
+def time_all_reduces(rank, message_bytes: tuple[int, ...], warmup: int,
+                     repeats: int) -> dict[int, list[float]]:
+    """On one rank: seconds per `dist.all_reduce`, per sample, per message size (runs in a rank).
+    A sample is a barrier, then `calls_per_sample` calls and a device sync."""
+    import torch
+    import torch.distributed as dist
+
+    cuda = rank.device.type == "cuda"
+    out = {}
+    for size in message_bytes:
+        x = torch.ones(size // 4, device=rank.device)
+        calls, samples = calls_per_sample(size), []
+        for i in range(warmup + repeats):
+            dist.barrier(group=rank.group)
+            if cuda:
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            for _ in range(calls):
+                dist.all_reduce(x, group=rank.group)
+            if cuda:
+                torch.cuda.synchronize()
+            if i >= warmup:
+                samples.append((time.perf_counter() - start) / calls)
+        out[size] = samples
+        del x
+    return out
+
+
+def fit_row(message_bytes: list[int], times_s: list[float], n_ranks: int) -> dict[str, Any]:
+    """The alpha-beta fit as a row, or the reason there is none (a noisy run whose times do not
+    grow with the size)."""
+    try:
+        fit = C.fit_alpha_beta(message_bytes, times_s, n_ranks=n_ranks)
+    except ValueError as error:
+        return {"kind": "fit", "error": str(error)}
+    return {"kind": "fit", "alpha_s": fit.alpha_s, "bytes_per_s": fit.bytes_per_s,
+            "per_call_s": fit.per_call_s, "relative_errors": list(fit.relative_errors)}
+
+
+def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
+    """Every (rank count, size) point, one fit per rank count, and skipped rank counts."""
+    from mlsys.distributed import launch
+
+    device = "cuda" if (device or env.device()) == "cuda" else "cpu"
+    available = None
+    if device == "cuda":
+        import torch
+
+        available = torch.cuda.device_count()
+    rows: list[dict[str, Any]] = []
+    worlds = [w for w in s.world_sizes if available is None or w <= available]
+    for w in s.world_sizes:
+        if w not in worlds:
+            rows.append({"kind": "skipped", "world_size": w,
+                         "why": f"{w} ranks need {w} GPUs; this machine has {available}"})
+    if not worlds:  # one GPU: NCCL on one rank, so that the GPU run still says something
+        worlds = [1]
+    backend = launch.default_backend(device)
+    for w in bench.progress(worlds, desc="rank counts"):
+        per_rank = launch.run(time_all_reduces, w, args=(s.message_bytes, s.warmup, s.repeats),
+                              device=device, timeout_s=600, collective_timeout_s=300)
+        for size in s.message_bytes:
+            slowest = [max(r[size][i] for r in per_rank) for i in range(s.repeats)]
+            timing = bench.Timing(tuple(slowest), s.warmup, device)
+            rows.append({"kind": "point", "world_size": w, "message_bytes": size,
+                         "backend": backend, "calls_per_sample": calls_per_sample(size),
+                         **timing_fields(timing),
+                         "algbw_bytes_per_s": C.algorithm_bandwidth(size, timing.median_s),
+                         "busbw_bytes_per_s": C.bus_bandwidth("all_reduce", size,
+                                                              timing.median_s, w),
+                         "problems": bench.noise_problems({f"{size} B": timing})})
+        if w > 1:
+            points = [r for r in rows if r["kind"] == "point" and r["world_size"] == w]
+            rows.append({"world_size": w, **fit_row([r["message_bytes"] for r in points],
+                                                    [r["median_s"] for r in points], w)})
+    acc = hardware.detect() if device == "cuda" else None
+    rows.append({"kind": "setup", "device": env.device_name(), "backend": backend,
+                 "link": acc.interconnect_name if acc else None,
+                 "link_bytes_per_s": acc.interconnect_bytes_per_s if acc else None})
+    return rows
+
+
+# --- reading the rows (live or recorded) ----------------------------------------------------------
+
+
+def fits(rows: list[dict[str, Any]]) -> dict[int, C.AlphaBeta]:
+    """The fitted alpha-beta model of each rank count (where the fit succeeded)."""
+    return {r["world_size"]: C.AlphaBeta("all_reduce", r["world_size"], r["alpha_s"],
+                                         r["bytes_per_s"], r["per_call_s"],
+                                         tuple(r["relative_errors"]))
+            for r in rows if r["kind"] == "fit" and "error" not in r}
+
+
+def setup(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return next(r for r in rows if r["kind"] == "setup")
+
+
+def table(rows: list[dict[str, Any]]) -> Table:
+    models = fits(rows)
+    out = []
+    for r in rows:
+        if r["kind"] == "skipped":
+            out.append([r["world_size"], "", r["why"], "", "", ""])
+        elif r["kind"] == "point":
+            t = timing_of(r)
+            fit = models.get(r["world_size"])
+            out.append([r["world_size"], num(r["message_bytes"] / MIB),
+                        f"{num(t.median_s * 1e3)} ({num(t.p20_s * 1e3)}–{num(t.p80_s * 1e3)})",
+                        num(r["algbw_bytes_per_s"] / 1e9), num(r["busbw_bytes_per_s"] / 1e9),
+                        num(fit.time_s(r["message_bytes"]) * 1e3) if fit else "no fit (1 rank)"])
+    return Table(["ranks", "MiB", "ms (p20–p80)", "algbw GB/s", "busbw GB/s", "fit ms"], out)
+
+
+def verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
+    """The fitted alpha and beta per rank count, against the link; algbw vs busbw across counts."""
+    points = [r for r in rows if r["kind"] == "point"]
+    problems = [p for r in points for p in r["problems"]]
+    problems += [f"{r['world_size']} ranks: {r['error']}" for r in rows
+                 if r["kind"] == "fit" and "error" in r]
+    models, link = fits(rows), setup(rows)["link_bytes_per_s"]
+    if not models and not any(r["kind"] == "fit" for r in rows):
+        text = ("one rank only: an all-reduce over one rank crosses no link, so there is no alpha "
+                "or beta to fit (this machine has one GPU)")
+        return {"fit": text, "bandwidths": text}
+    parts = []
+    for w, fit in models.items():
+        largest = max((r for r in points if r["world_size"] == w),
+                      key=lambda r: r["message_bytes"])
+        spec = f", {largest['busbw_bytes_per_s'] / link:.0%} of the link's spec" if link else ""
+        worst = max(abs(e) for e in fit.relative_errors)
+        parts.append(f"{w} ranks: alpha = {num(fit.alpha_s * 1e6)} µs per step, beta = "
+                     f"{num(fit.bytes_per_s / 1e9)} GB/s (fit within {worst:.0%}); the largest "
+                     f"message reached a bus bandwidth of {num(largest['busbw_bytes_per_s'] / 1e9)}"
+                     f" GB/s{spec}")
+    largest_size = max(r["message_bytes"] for r in points)
+    at = sorted((r for r in points if r["message_bytes"] == largest_size),
+                key=lambda r: r["world_size"])
+    if len(at) > 1:
+        lo, hi = at[0], at[-1]
+        algbw = hi["algbw_bytes_per_s"] / lo["algbw_bytes_per_s"]
+        busbw = hi["busbw_bytes_per_s"] / lo["busbw_bytes_per_s"]
+        ring = C.bus_factor("all_reduce", lo["world_size"]) / C.bus_factor("all_reduce",
+                                                                          hi["world_size"])
+        bands = (f"from {lo['world_size']} to {hi['world_size']} ranks at "
+                 f"{num(largest_size / MIB)} MiB, the algorithm bandwidth changed {algbw:.2f}x and "
+                 f"the bus bandwidth {busbw:.2f}x (a ring on equal links: {ring:.2f}x and 1x)")
+    else:
+        bands = "one rank count: nothing to compare across rank counts"
+    return {"fit": verdict("; ".join(parts), problems), "bandwidths": verdict(bands, problems)}
+
+
+def third_party_fit(world_size: int = 2) -> C.AlphaBeta:
+    """The alpha-beta model fitted to the seed's NCCL table at `world_size` (2: four sizes)."""
+    points = [r for r in third_party.CS336_STUDENT_ALLREDUCE if r.world_size == world_size]
+    return C.fit_alpha_beta([r.message_bytes for r in points], [r.mean_s for r in points],
+                            n_ranks=world_size)
+
+
+def third_party_rows() -> list[dict[str, Any]]:
+    """The seed's table with its printed "GB/s", the GB/s it really is, and the 2-rank fit."""
+    fit = third_party_fit()
+    out = []
+    for r in third_party.CS336_STUDENT_ALLREDUCE:
+        out.append({"world_size": r.world_size, "message_bytes": r.message_bytes,
+                    "mean_s": r.mean_s, "claimed_gb_per_s": r.claimed_gb_per_s,
+                    "algbw_bytes_per_s": C.algorithm_bandwidth(r.message_bytes, r.mean_s),
+                    "busbw_bytes_per_s": C.bus_bandwidth("all_reduce", r.message_bytes,
+                                                         r.mean_s, r.world_size),
+                    "fit_2_ranks_s": fit.time_s(r.message_bytes) if r.world_size == 2 else None,
+                    "size_stated": r.size_stated})
+    return out
+
+
+def third_party_verdict(accelerator: hardware.Accelerator = hardware.A100_80GB_SXM) -> str:
+    """What the seed's bandwidths are, and its 2-rank fit against `accelerator`'s link."""
+    fit = third_party_fit()
+    big = [r for r in third_party_rows() if r["message_bytes"] == 2**30]
+    two = next(r for r in big if r["world_size"] == 2)
+    four = next(r for r in big if r["world_size"] == 4)
+    return (f"its 'GB/s' are bus bandwidths in GiB/s: {two['claimed_gb_per_s']} 'GB/s' at 2 "
+            f"ranks is {num(two['busbw_bytes_per_s'] / 1e9)} GB/s, and at 4 ranks "
+            f"{four['claimed_gb_per_s']} 'GB/s' is a bus bandwidth of "
+            f"{num(four['busbw_bytes_per_s'] / 1e9)} GB/s for an algorithm bandwidth of "
+            f"{num(four['algbw_bytes_per_s'] / 1e9)} GB/s; its 2-rank table fits alpha = "
+            f"{num(fit.alpha_s * 1e6)} µs per step and beta = {num(fit.bytes_per_s / 1e9)} GB/s, "
+            f"{fit.bytes_per_s / accelerator.interconnect_bytes_per_s:.0%} of the "
+            f"{accelerator.name}'s {num(accelerator.interconnect_bytes_per_s / 1e9)} GB/s per "
+            f"direction ({accelerator.interconnect_name})")
+
+
+EXPERIMENT = Experiment(
+    name="allreduce_bench",
+    chapter="08_data_parallel",
+    description="all-reduce time vs size and ranks; alpha-beta fit; algorithm vs bus bandwidth",
+    gpu_seconds=60,
+    sizes=SIZES,
+    run=run,
+)
