@@ -151,3 +151,19 @@ def test_a_ring_step_count_is_what_makes_small_messages_slow():
     small = C.collective_time_s("all_reduce", 2**20, 8, alpha_s=alpha, bytes_per_s=beta)
     assert 14 * alpha / small > 0.5  # latency-bound: most of 1 MiB's time is the 14 steps
     assert math.isclose(C.bus_factor("all_reduce", 8), 1.75)
+
+
+def test_exposed_time_is_the_larger_of_the_tail_and_the_queue():
+    ab = {"alpha_s": 0.05, "bytes_per_s": 1e3}
+    for count in (1, 4, 10, 25, 100):  # equal buckets: exactly the larger bound
+        sizes = [10_000 / count] * count
+        tail, queue = C.exposed_bounds_s(sizes, 10.0, 2, **ab)
+        assert C.overlap_exposed_s(sizes, 10.0, 2, **ab) == pytest.approx(max(tail, queue))
+    few, many = C.exposed_bounds_s([5_000] * 2, 20.0, 2, **ab), \
+        C.exposed_bounds_s([100] * 100, 10.0, 2, **ab)
+    assert few[0] > few[1] and many[1] > many[0]  # big buckets: the tail; small ones: the queue
+    uneven = [300, 50, 2_000, 10, 640]  # otherwise a lower bound
+    assert C.overlap_exposed_s(uneven, 1.0, 4, **ab) >= max(C.exposed_bounds_s(uneven, 1.0, 4,
+                                                                                **ab))
+    with pytest.raises(ValueError, match="at least one bucket"):
+        C.exposed_bounds_s([], 1.0, 2, **ab)

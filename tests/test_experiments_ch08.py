@@ -158,3 +158,49 @@ def test_the_seeds_xl_run_predicted_from_its_own_all_reduce_table():
                                                                                       abs=0.001)
     assert third_party.CS336_STUDENT_DDP_CLAIMED_MB == pytest.approx(4 * 1_998_235_200 / 2**20,
                                                                      abs=0.01)
+
+
+def test_the_hand_written_ring_equals_all_reduce_and_sends_the_accounted_bytes():
+    from mlsys.distributed import launch
+
+    numel, n = 999, 3
+    for out in launch.run(allreduce_bench.ring_check, n, args=(numel,), timeout_s=60):
+        assert out["max_abs_diff"] < 1e-5
+        assert out["ring_calls"] == {"isend": 2 * (n - 1), "recv": 2 * (n - 1)}
+        assert out["ring_sent_bytes"] == out["all_reduce_sent_bytes"] == \
+            C.collective_cost("all_reduce", 4 * numel, n).sent_bytes
+
+
+def test_the_chapter_reads_the_rows_through_tables_plots_and_the_target(bench_rows, step_rows):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from mlsys import plotting
+
+    _, axes = plotting.subplots(1, 3)
+    allreduce_bench.plot(bench_rows, axes[:2])
+    ddp_step.plot(step_rows, axes[2])
+    assert axes[0].lines and axes[2].patches
+    acc = ddp_step.accumulation_table(step_rows)
+    assert [r[:3] for r in acc.rows] == [["1", "last only", "1"], ["2", "last only", "1"],
+                                         ["2", "every micro-batch", "2"]]
+    quiet = copy.deepcopy(step_rows)
+    t = next(r for r in quiet if r["kind"] == "torch")
+    t["ours"], t["torch"] = _steady(1.04), _steady(1.0)
+    assert ddp_step.torch_target(quiet).startswith("1.04x, within the target of 1.05x")
+    t["ours"] = _steady(1.2)
+    assert "above the target" in ddp_step.torch_target(quiet)
+    t["torch"] = {**t["torch"], "samples_s": [1.0, 1.0, 3.0, 5.0, 5.0], "p20_s": 1.0,
+                  "p80_s": 5.0}
+    assert ddp_step.torch_target(quiet).startswith("no verdict")
+
+
+def test_the_seeds_overlapped_runs_leave_more_than_the_tail_the_model_predicts():
+    rows = ddp_step.third_party_rows()
+    first = rows[0]
+    assert first["mode_flag"] is None
+    assert first["predicted_bucketed_s"] < first["communication_s"] < first["predicted_flat_s"]
+    tail = C.collective_time_s("all_reduce", 10_000 * 1_600 * 4, 2,
+                               alpha_s=allreduce_bench.third_party_fit().alpha_s,
+                               bytes_per_s=allreduce_bench.third_party_fit().bytes_per_s)
+    assert first["predicted_bucketed_s"] == pytest.approx(tail)  # the embedding, ready last

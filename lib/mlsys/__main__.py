@@ -2,12 +2,17 @@
 
     python -m mlsys napkin --preset xl --gpu H100 --batch 8 --seq 1024
     python -m mlsys napkin --preset 2.7B --gpu a100 --batch 4 --seq 1024 --devices 8 --mfu 0.5
+    python -m mlsys plan --preset 2.7B --cluster dgx-h100 --devices 64 --batch 1024 --seq 1024
+    python -m mlsys plan --preset xl --cluster dgx-h100 --devices 64 --batch 512 --seq 1024 --pp 4
 
 `napkin` prints `mlsys.accounting.napkin.napkin(...)`: parameters, model-state memory against HBM
 (replicated and sharded over --devices), FLOPs per token and per step, the main kernels on the
-roofline, and the step time at --mfu. Bad arguments end with a one-line error and exit status 2.
-Pure arithmetic: no torch import, no device. Recording GPU measurements is a separate entry
-point, `python -m mlsys.experiments`.
+roofline, and the step time at --mfu. `plan` prints `mlsys.accounting.planner.plan(...)`: every
+mesh of --devices (data replicate x shard x tensor x pipeline x context) the model allows, ranked
+by predicted step time, with memory per device and MFU; --dp-replicate, --dp-shard, --tp, --pp
+and --cp hold an axis. Bad arguments, and a mesh that cannot be built, end with a one-line error
+and exit status 2. Pure arithmetic: no torch import, no device. Recording GPU measurements is a
+separate entry point, `python -m mlsys.experiments`.
 """
 
 from __future__ import annotations
@@ -19,8 +24,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from mlsys import checks, dtypes, hardware
-from mlsys.accounting import memory
+from mlsys.accounting import memory, planner
 from mlsys.accounting.napkin import napkin
+from mlsys.accounting.params import count_params
 from mlsys.models.config import PRESETS, TransformerConfig
 
 
@@ -94,7 +100,77 @@ def _parser() -> argparse.ArgumentParser:
         help="dtype of weights, activations and the peak FLOP/s (default bf16)",
     )  # fmt: skip
     p.set_defaults(run=_napkin, command_parser=p)
+    _plan_parser(commands)
     return parser
+
+
+def _cluster(text: str) -> str:
+    """The registry key of a cluster name, case-insensitive ("DGX-H100" -> "dgx-h100")."""
+    hardware.get_cluster(text)  # unknown names list the known ones
+    return text.strip().lower()
+
+
+def _plan_parser(commands) -> None:
+    p = commands.add_parser(
+        "plan", help="every mesh for one model on a cluster: memory, step time, MFU, ranked"
+    )
+    p.add_argument("--preset", required=True, choices=list(PRESETS), help="model size")
+    p.add_argument(
+        "--cluster", required=True, type=_checked(_cluster), metavar="NAME",
+        help=f"cluster, case-insensitive: {', '.join(hardware.CLUSTERS)}",
+    )  # fmt: skip
+    p.add_argument("--devices", required=True, type=_count("devices"), help="accelerators")
+    p.add_argument("--batch", required=True, type=_count("batch"),
+                   help="global batch, in sequences")
+    p.add_argument("--seq", required=True, type=_count("seq"), help="tokens per sequence")
+    for axis in ("dp_replicate", "dp_shard", "tp", "pp", "cp"):
+        p.add_argument(f"--{axis.replace('_', '-')}", dest=axis, type=_count(axis), metavar="N",
+                       help=f"hold the {axis} degree at N")
+    p.add_argument("--microbatches", type=_count("microbatches"), metavar="M",
+                   help="micro-batches per step (default: the best for each mesh)")
+    p.add_argument(
+        "--recipe", default="bf16_mixed_adamw", choices=list(memory.RECIPES), metavar="NAME",
+        help=f"bytes per parameter of the model states: {', '.join(memory.RECIPES)} "
+        "(default bf16_mixed_adamw)",
+    )  # fmt: skip
+    p.add_argument("--dtype", type=_checked(dtypes.canonical), default="bf16",
+                   help="dtype of the compute, activations and peak FLOP/s (default bf16)")
+    p.add_argument("--efficiency", type=_checked(_fraction("efficiency")), default=1.0,
+                   help="share of peak the kernels reach when nothing waits (default 1)")
+    p.add_argument("--top", type=_count("top"), default=10, help="rows to print (default 10)")
+    p.set_defaults(run=_plan, command_parser=p)
+
+
+def _fraction(name: str) -> Callable[[str], float]:
+    def fraction(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(f"{name} must be a number in (0, 1], got {text!r}") from None
+        return checks.fraction(value, name)
+
+    fraction.__name__ = name
+    return fraction
+
+
+def _plan(args: argparse.Namespace) -> list[str]:
+    cfg = TransformerConfig.preset(args.preset)
+    cluster = hardware.get_cluster(args.cluster)
+    fixed = {axis: getattr(args, axis) for axis in ("dp_replicate", "dp_shard", "tp", "pp", "cp")
+             if getattr(args, axis) is not None}
+    plans = planner.plan(cfg, cluster, n_devices=args.devices, batch=args.batch, seq=args.seq,
+                         recipe=args.recipe, dtype=args.dtype, efficiency=args.efficiency,
+                         fixed=fixed, microbatches=args.microbatches)
+    acc = cluster.accelerator
+    fit = sum(p.fits for p in plans)
+    return [
+        f"plan: {args.preset} ({count_params(cfg):,} parameters) on {args.devices} x {acc.name} "
+        f"({cluster.name}); batch {args.batch} x {args.seq} tokens; {args.recipe}",
+        f"{len(plans)} valid meshes, {fit} fit in {acc.hbm_bytes / 1e9:g} GB; compute at "
+        f"{args.efficiency:.0%} of the {args.dtype} peak, communication by bandwidth only: "
+        "times are lower bounds",
+        *planner.table(plans, top=args.top),
+    ]
 
 
 def _napkin(args: argparse.Namespace) -> list[str]:

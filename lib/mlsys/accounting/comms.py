@@ -218,6 +218,29 @@ def overlap_exposed_s(bucket_bytes: Sequence[float], backward_s: float, n_ranks:
     return max(end - backward, 0.0)
 
 
+def exposed_bounds_s(bucket_bytes: Sequence[float], backward_s: float, n_ranks: int, *,
+                     alpha_s: float, bytes_per_s: float) -> tuple[float, float]:
+    """The two lower bounds on `overlap_exposed_s` that set the best bucket size: (tail, queue).
+
+    tail: the last bucket's all-reduce, which cannot start before the backward ends; it grows
+    with the bucket size. queue: the all-reduces run one after another from the moment the first
+    bucket is ready, so they end no earlier than first-ready + the sum of all their times, which
+    the backward hides: queue = first_ready + sum - backward_s; it grows with the number of
+    buckets (one alpha term each) and with the size of the first. The exposed time is at least
+    the larger of the two, and equal to it for equal buckets.
+    """
+    sizes = [checks.nonnegative(b, f"bucket_bytes[{i}]") for i, b in enumerate(bucket_bytes)]
+    if not sizes:
+        raise ValueError("bucket_bytes must hold at least one bucket")
+    backward = checks.nonnegative(backward_s, "backward_s")
+    ab = {"alpha_s": alpha_s, "bytes_per_s": bytes_per_s}
+    tail = collective_time_s("all_reduce", sizes[-1], n_ranks, **ab)
+    total = sum(sizes)
+    first_ready = backward * sizes[0] / total if total else backward
+    queue = first_ready + all_reduces_s(sizes, n_ranks, **ab) - backward
+    return tail, max(queue, 0.0)
+
+
 def best_bucket_cap(tensor_bytes: Sequence[int], backward_s: float, n_ranks: int, *,
                     alpha_s: float, bytes_per_s: float,
                     caps_bytes: Sequence[float]) -> tuple[float, float]:

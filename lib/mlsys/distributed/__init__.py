@@ -7,8 +7,14 @@
 - `ddp`: data parallelism as wrappers of an unmodified module: naive (one all-reduce per
   parameter), flat (one for all), overlapped (per parameter, from backward hooks) and bucketed.
 - `zero`: ZeRO stages 1 and 2, `ShardedOptimizer`, and what each rank holds.
+- `fsdp`, `tp`, `pp`, `cp`: FSDP (ZeRO-3) per block, Megatron tensor (and sequence) parallelism,
+  GPipe and 1F1B pipelines, ring attention; each an `apply_*` on the unmodified book model, each
+  beside PyTorch's own (FSDP2, DTensor, torch.distributed.pipelining) where it runs on the CPU.
+- `mesh`: process groups for every mesh axis, and `parallelize`, which composes them in one order
+  (PP, TP, CP, FSDP).
 
 The cost models (bytes per collective, the alpha-beta time, ZeRO's memory and traffic per stage)
-are torch-free, in `mlsys.accounting.comms` and `mlsys.accounting.zero`. Process groups are always
-passed explicitly (`Rank.group` from the launcher). Used in: §sec-data-parallel (chapter 08).
+are torch-free, in `mlsys.accounting.comms`, `mlsys.accounting.zero` and
+`mlsys.accounting.parallel`. Process groups are always passed explicitly (`Rank.group` from the
+launcher, or a `mesh.Mesh`). Used in: §sec-data-parallel (chapter 08), chapter 09.
 """

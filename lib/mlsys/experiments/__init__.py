@@ -44,6 +44,13 @@ NAMES = (
     "attention_sweep",
     "flash_benchmark",
     "attention_model_step",
+    "autocast_dtypes",
+    "amp_speed",
+    "autocast_overhead",
+    "amp_memory",
+    "allreduce_bench",
+    "ddp_step",
+    "parallel_step",
 )
 """Every experiment, in chapter order (each is the module `mlsys.experiments.<name>`)."""
 

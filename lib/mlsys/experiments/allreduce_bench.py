@@ -204,6 +204,55 @@ def verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
     return {"fit": verdict("; ".join(parts), problems), "bandwidths": verdict(bands, problems)}
 
 
+def plot(rows: list[dict[str, Any]], axes) -> None:
+    """Left: time against message size per rank count, measured (p20-p80 bars) and fitted.
+    Right: the bus bandwidth with the fitted beta and, where there is one, the link's spec."""
+    from mlsys.plotting import COLORS, CYCLE, finish
+
+    models, link = fits(rows), setup(rows)
+    points = [r for r in rows if r["kind"] == "point"]
+    for color, w in zip(CYCLE, dict.fromkeys(r["world_size"] for r in points), strict=False):
+        mine = [r for r in points if r["world_size"] == w]
+        mib = [r["message_bytes"] / MIB for r in mine]
+        ms = [r["median_s"] * 1e3 for r in mine]
+        bars = [[m - r["p20_s"] * 1e3 for m, r in zip(ms, mine, strict=True)],
+                [r["p80_s"] * 1e3 - m for m, r in zip(ms, mine, strict=True)]]
+        axes[0].errorbar(mib, ms, yerr=bars, fmt="o", color=color, label=f"{w} ranks")
+        axes[1].plot(mib, [r["busbw_bytes_per_s"] / 1e9 for r in mine], "o-", color=color,
+                     label=f"{w} ranks, bus bandwidth")
+        if w in models:
+            axes[0].plot(mib, [models[w].time_s(r["message_bytes"]) * 1e3 for r in mine], ":",
+                         color=color)
+            axes[1].axhline(models[w].bytes_per_s / 1e9, ls=":", color=color)
+    axes[0].plot([], [], ":", color=COLORS["muted"], label="alpha-beta fit")
+    if link["link_bytes_per_s"]:
+        axes[1].axhline(link["link_bytes_per_s"] / 1e9, color=COLORS["ceiling"],
+                        label=f"{link['link']}, per direction")
+    finish(axes[0], title="all-reduce time", xlabel="message (MiB)", ylabel="ms", logx=2,
+           logy=True)
+    finish(axes[1], title="bus bandwidth (dotted: fitted beta)", xlabel="message (MiB)",
+           ylabel="GB/s", logx=2)
+
+
+def ring_check(rank, numel: int, seed: int = 0) -> dict[str, Any]:
+    """On one rank: `distributed.comms.ring_all_reduce` of `numel` random float32 values against
+    `dist.all_reduce` of the same tensor, with the bytes and calls each made (runs in a rank)."""
+    import torch
+    import torch.distributed as dist
+
+    from mlsys.distributed import comms
+
+    gen = torch.Generator().manual_seed(seed + rank.rank)
+    x = torch.randn(numel, generator=gen).to(rank.device)
+    ours, ref = x.clone(), x.clone()
+    with comms.count_bytes() as ring:
+        comms.ring_all_reduce(ours, rank.group)
+    with comms.count_bytes() as library:
+        dist.all_reduce(ref, group=rank.group)
+    return {"max_abs_diff": (ours - ref).abs().max().item(), "ring_sent_bytes": ring.sent_bytes,
+            "ring_calls": dict(ring.calls), "all_reduce_sent_bytes": library.sent_bytes}
+
+
 def third_party_fit(world_size: int = 2) -> C.AlphaBeta:
     """The alpha-beta model fitted to the seed's NCCL table at `world_size` (2: four sizes)."""
     points = [r for r in third_party.CS336_STUDENT_ALLREDUCE if r.world_size == world_size]

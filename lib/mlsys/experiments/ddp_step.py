@@ -433,6 +433,51 @@ def _count_verdicts(rows) -> dict[str, str]:
     return text
 
 
+TORCH_TARGET = 1.05
+"""The issue's target: our bucketed DDP's step at most this multiple of torch's DDP's."""
+
+
+def torch_target(rows: list[dict[str, Any]]) -> str:
+    """Our bucketed step / torch's DDP step against `TORCH_TARGET`, withheld when noisy."""
+    t = next(r for r in rows if r["kind"] == "torch")
+    ours, theirs = timing_of(t["ours"]), timing_of(t["torch"])
+    ratio = ours.median_s / theirs.median_s
+    met = "within" if ratio <= TORCH_TARGET else "above"
+    return verdict(f"{ratio:.2f}x, {met} the target of {TORCH_TARGET:.2f}x (on "
+                   f"{setup(rows)['world_size']} {setup(rows)['backend']} ranks of "
+                   f"{setup(rows)['device']})",
+                   bench.noise_problems({"ours": ours, "torch": theirs}))
+
+
+def accumulation_table(rows: list[dict[str, Any]]) -> Table:
+    """Per optimizer step with K micro-batches: all-reduces, bytes sent, the saved activations of
+    one micro-batch, and the step's time."""
+    out = []
+    for r in (r for r in rows if r["kind"] == "accumulation"):
+        out.append([r["micro_batches"], "every micro-batch" if r["sync_each"] else "last only",
+                    r["all_reduce_calls"], num(r["sent_bytes"] / MIB),
+                    num(r["saved_activation_bytes"] / MIB), num(r["step"]["median_s"] * 1e3)])
+    return Table(["micro-batches", "all-reduce after", "all-reduces", "sent MiB",
+                  "saved activations per micro-batch MiB", "step ms"], out)
+
+
+def plot(rows: list[dict[str, Any]], ax) -> None:
+    """The step of each variant in phases (medians), with the communication predicted from
+    bytes and the fitted alpha and beta marked on top of its backward."""
+    from mlsys.plotting import COLORS, finish, stacked_bars
+
+    v = [r for r in rows if r["kind"] == "variant"]
+    names = [r["variant"] for r in v]
+    stacked_bars(ax, names, {p: [r[p]["median_s"] * 1e3 for r in v] for p in PHASES},
+                 ylabel="ms (median)")
+    predicted = [predicted_communication_s(rows, n) for n in names]
+    if all(p is not None for p in predicted):
+        ax.plot(names, [(r["forward"]["median_s"] + r["backward"]["median_s"] + p) * 1e3
+                        for r, p in zip(v, predicted, strict=True)], "_", ms=30, mew=2,
+                color=COLORS["ceiling"], label="communication predicted (top)")
+    finish(ax, title=f"one step on {setup(rows)['world_size']} ranks")
+
+
 def third_party_rows() -> list[dict[str, Any]]:
     """The seed's xl runs beside the communication its own 2-GPU all-reduce table predicts:
     naive, one all-reduce per tensor of the xl model; flat, one of everything."""
@@ -448,9 +493,14 @@ def third_party_rows() -> list[dict[str, Any]]:
     ab = {"alpha_s": fit.alpha_s, "bytes_per_s": fit.bytes_per_s}
     predicted = {"naive": C.all_reduces_s(sizes, 2, **ab), "flat": C.all_reduces_s([sum(sizes)],
                                                                                    2, **ab)}
+    ready = sizes[::-1]  # the backward meets the last layers first
+    buckets = [sum(ready[i] for i in g) for g in C.buckets(ready, 25.0 * MIB)]
     return [{"label": r.label, "mode_flag": r.mode_flag, "communication_s": r.communication_s,
-             "step_s": r.total_s, "n_tensors": len(sizes), "grad_bytes": sum(sizes),
-             "predicted_naive_s": predicted["naive"], "predicted_flat_s": predicted["flat"]}
+             "step_s": r.total_s, "backward_s": r.backward_s, "n_tensors": len(sizes),
+             "grad_bytes": sum(sizes), "predicted_naive_s": predicted["naive"],
+             "predicted_flat_s": predicted["flat"],
+             "predicted_overlapped_s": C.overlap_exposed_s(ready, r.backward_s, 2, **ab),
+             "predicted_bucketed_s": C.overlap_exposed_s(buckets, r.backward_s, 2, **ab)}
             for r in third_party.CS336_STUDENT_DDP_XL]
 
 

@@ -1,0 +1,458 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: py:percent
+#   kernelspec:
+#     display_name: Python 3
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# (sec-parallelism)=
+# # 4D parallelism
+#
+# **Question.** A model of {glue:text}`xxl_blocks` blocks with $d_\text{model}$ = {glue:text}`xxl_d`
+# and $d_\text{ff}$ = {glue:text}`xxl_f` needs {glue:text}`xxl_h100` H100s just to hold its training
+# state. How do sharding (FSDP), tensor, pipeline and context parallelism split the memory, the
+# compute and the communication, and what is the smallest batch that keeps every device
+# compute-bound?
+
+# %% tags=["remove-cell"]
+# Colab or a fresh kernel: install the book's library if it is missing (a no-op in the book's own
+# environment). Offline, install it from a clone instead: `pip install -e .` at the clone's root.
+import importlib
+import importlib.util
+import subprocess
+import sys
+
+MLSYS_SOURCE = "git+https://github.com/mlsys-book/mlsys-book"
+if importlib.util.find_spec("mlsys") is None:
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", MLSYS_SOURCE],
+                         capture_output=True, text=True)
+    if pip.returncode != 0:
+        raise RuntimeError(
+            f"This chapter needs the book's library `mlsys`, and `pip install {MLSYS_SOURCE}` "
+            f"failed (offline?):\n{pip.stderr.strip()[-800:]}\nInstall it from a clone of the "
+            "repository (`pip install -e .` at its root), then restart the kernel.")
+    importlib.invalidate_caches()
+
+# %%
+from mlsys import env
+
+print(env.describe())
+
+# %%
+import math
+
+import matplotlib.pyplot as plt
+from IPython.display import display
+
+from mlsys import experiments, hardware, plotting
+from mlsys.accounting import comms, memory, planner
+from mlsys.accounting import compute_bound as CB
+from mlsys.accounting import parallel as P
+from mlsys.accounting.pipeline import bubble_fraction
+from mlsys.book import Table, glue, num
+from mlsys.distributed import check
+from mlsys.experiments import parallel_step
+from mlsys.models.config import TransformerConfig
+
+# %% tags=["parameters"]
+# Napkin math (nothing measured): the seed's XXL problem on TPU v5p, and H100s for part (a)
+XXL, TPU, GPU = P.XXL, hardware.TPU_V5P, hardware.H100_SXM
+LINK = hardware.LINKS["ici-v5p-axis"]  # W_ici: one mesh axis, both directions
+X_FSDP, Y_TP, M_X, M_Y = 16, 4, 2, 1
+TOKENS_PER_DEVICE = (0, 512, 1_024, 2_048, 4_096, 8_192)  # part (b): the seed gives no batch
+# The planner's examples
+PLAN_PRESET, PLAN_CLUSTER, PLAN_DEVICES, PLAN_BATCH, PLAN_SEQ = "2.7B", "dgx-h100", 64, 256, 4_096
+PLAN_EFFICIENCY = 0.5  # assumed share of the peak the kernels reach (the planner's only fudge)
+# Checks on CPU ranks (a tiny copy of the book's model) and the measured experiment
+TWO_RANKS = {"FSDP": dict(dp_shard=2), "TP": dict(tp=2), "PP": dict(pp=2), "CP": dict(cp=2)}
+PARALLEL = env.pick(**parallel_step.SIZES)
+print(PARALLEL)
+
+# %% [markdown]
+# Data parallelism ({ref}`sec-data-parallel`) copies the model to every device and splits the batch;
+# ZeRO shards the optimizer state, gradients and finally the weights. When the model's *state* no
+# longer fits even sharded, or the batch cannot grow any more, the model itself must be cut: its
+# matrices across devices (tensor parallelism), its layers (pipeline parallelism), its sequence
+# (context parallelism). Each moves different bytes at a different moment; this chapter counts them,
+# builds each strategy by hand on CPU ranks, checks it against one process, and plans meshes on
+# paper. The notation of the compute-bound conditions is the Scaling Book's
+# {cite}`austin2025scaling`.
+#
+# ## Napkin math: the XXL model
+#
+# The seed's question {cite}`cs336_2025` keeps only the feed-forward blocks, two bias-free linears
+# $D \to F \to D$ each, with fp32 master weights, gradients and Adam state, and bf16 activations.
+#
+# ### (a) The state, and what is saved for backward
+
+# %%
+n_xxl = XXL.n_params
+states = memory.model_state_bytes(n_xxl, "fp32_adamw")  # fp32 weights, grads, m, v: 16 B/param
+shape = P.model_shape(XXL, dtype="bf16")
+per_token = XXL.n_layers * (shape.act_tp_bytes + shape.act_other_bytes + shape.act_norm_bytes)
+assert per_token == XXL.n_layers * 2 * (XXL.d_model + XXL.d_ff)  # each block keeps x and Wx
+h100s = math.ceil(states / GPU.hbm_bytes)
+for name, value in {"xxl_blocks": XXL.n_layers, "xxl_d": f"{XXL.d_model:,}",
+                    "xxl_f": f"{XXL.d_ff:,}", "xxl_params_b": n_xxl / 1e9,
+                    "xxl_states_tb": states / 1e12, "xxl_h100": h100s,
+                    "xxl_per_token_mb": per_token / 1e6,
+                    "xxl_per_1k_gb": per_token * 1_024 / 1e9}.items():
+    glue(name, value)
+
+# %% [markdown]
+# {glue:text}`xxl_params_b:.1f` billion parameters at 16 bytes each (fp32 weights, gradients, $m$
+# and $v$): {glue:text}`xxl_states_tb:.2f` TB, {glue:text}`xxl_h100` H100s' worth before a single
+# activation. The question then asks how much is *saved for backward* in bf16: the activations each
+# block keeps, its input ($D$ values) for $W_1$'s gradient and $W_1x$ ($F$ values) for $W_2$'s, 2
+# bytes each: {glue:text}`xxl_per_token_mb:.1f` MB per token over all blocks,
+# {glue:text}`xxl_per_1k_gb:.1f` GB per 1,024 tokens. The seed's answer reads "saved" as "saved by
+# using bf16 instead of fp32" and subtracts weight copies; the question is about memory kept for the
+# backward pass.
+#
+# ### (b) Sharding the state and half of the activations
+#
+# With the state and half of the activations sharded over $N$ devices, a device holding $T$ tokens
+# of activations needs
+#
+# $$ M(N) = \frac{S}{N} + A\,T\left(\frac12 + \frac{1}{2N}\right), $$
+#
+# $S$ the state, $A$ the bytes per token. A TPU v5p has {glue:text}`tpu_gb:.0f` GB:
+
+# %%
+glue("tpu_gb", TPU.hbm_bytes / 1e9)
+fit_rows, last_fit = [], None
+for t in TOKENS_PER_DEVICE:
+    try:
+        n = P.min_shards_to_fit(TPU.hbm_bytes, states, per_token * t,
+                                activation_shard_fraction=0.5)
+        m = states / n + per_token * t * (0.5 + 0.5 / n)
+        assert m <= TPU.hbm_bytes < states / (n - 1) + per_token * t * (0.5 + 0.5 / (n - 1))
+        fit_rows.append([f"{t:,}", n, num(m / 1e9)])
+        last_fit = t
+    except ValueError:
+        fit_rows.append([f"{t:,}", "never", "-"])
+never = 2 * TPU.hbm_bytes / per_token  # the unsharded half alone fills the device
+glue("b_n0", fit_rows[0][1])
+glue("b_never", f"{never:,.0f}")
+Table(["tokens per device", "smallest N_FSDP", "memory per device (GB)"], fit_rows)
+
+# %% [markdown]
+# Without activations $N_\text{FSDP} \ge$ {glue:text}`b_n0`; every token added raises it, and from
+# {glue:text}`b_never` tokens per device the unsharded half of the activations alone fills the
+# device: no $N$ is enough. The activations, not the state, decide.
+#
+# ### (c) When is the forward compute-bound?
+#
+# Per layer, with $B$ tokens in all, $X$-way FSDP and $Y$-way TP on $N = XY$ chips of $C$ FLOP/s
+# linked at $W$ bytes/s per mesh axis (bf16):
+#
+# $$ T_\text{math} = \frac{4BDF}{NC}, \qquad T_\text{FSDP} = \frac{4DF}{Y W M_X}, \qquad
+#    T_\text{TP} = \frac{4BD}{X W M_Y}. $$
+#
+# Compute hides both when $B/N > \alpha/(Y M_X)$ with $\alpha = C/W$ (FSDP's condition) and
+# $F M_Y > Y\alpha$ (TP's, whatever the batch):
+
+# %%
+C, W = TPU.peak_flop_per_s("bf16"), LINK.bytes_per_s
+alpha = CB.ici_intensity(C, W)
+per_device = CB.compute_bound_batch(XXL.d_ff, x=X_FSDP, y=Y_TP, flop_per_s=C,
+                                    link_bytes_per_s=W, m_x=M_X, m_y=M_Y)
+global_batch = per_device * X_FSDP * Y_TP
+closed = CB.optimal_compute_bound_batch(XXL.d_ff, flop_per_s=C, link_bytes_per_s=W, m_x=M_X,
+                                        m_y=M_Y)
+assert math.isclose(per_device, alpha / (Y_TP * M_X)) and XXL.d_ff * M_Y > Y_TP * alpha
+at = CB.layer_times(global_batch, XXL.d_model, XXL.d_ff, x=X_FSDP, y=Y_TP, flop_per_s=C,
+                    link_bytes_per_s=W, m_x=M_X, m_y=M_Y)
+assert math.isclose(at.math_s, at.fsdp_s) and at.tp_s < at.fsdp_s  # the boundary, FSDP-limited
+rounded_c = float(f"{C:.2g}")  # the question's rounded C
+for name, value in {"c_tflops": C / 1e12, "w_gbps": W / 1e9, "alpha": alpha,
+                    "c_per_device": per_device, "c_global": global_batch,
+                    "c_rounded": CB.compute_bound_batch(XXL.d_ff, x=X_FSDP, y=Y_TP,
+                                                        flop_per_s=rounded_c,
+                                                        link_bytes_per_s=W, m_x=M_X, m_y=M_Y),
+                    "c_tp_margin": XXL.d_ff * M_Y / (Y_TP * alpha), "c_closed": closed,
+                    "x_opt": CB.optimal_fsdp_degree(global_batch, XXL.d_ff, X_FSDP * Y_TP,
+                                                    m_x=M_X, m_y=M_Y)}.items():
+    glue(name, value)
+
+# %% [markdown]
+# $C$ = {glue:text}`c_tflops:.0f` TFLOP/s and $W$ = {glue:text}`w_gbps:.0f` GB/s give $\alpha$ =
+# {glue:text}`alpha:.0f`. TP's condition holds with a margin of {glue:text}`c_tp_margin:.1f`×;
+# FSDP's asks for **{glue:text}`c_per_device:.1f` tokens per device** ({glue:text}`c_rounded:.1f`
+# with the question's rounded $C$), an overall batch of **{glue:text}`c_global:,.0f` tokens**. The
+# Scaling Book's closed form $B/N > \alpha^2/(M_X M_Y F)$ = {glue:text}`c_closed:.0f` is smaller
+# because it assumes the optimal split, $X_\text{opt}$ = {glue:text}`x_opt:.1f` at that batch, not
+# $X$ = 16.
+#
+# ### (d) A smaller batch at full throughput
+#
+# Every lever moves one term of the inequalities. Gradient accumulation is not among them: it splits
+# the batch in time, and each micro-batch still all-gathers the weights, so the global batch per
+# optimizer step stays the same. What each option gives, computed:
+
+# %%
+options = []
+for x, y in ((16, 4), (8, 8), (4, 16)):
+    b = CB.compute_bound_batch(XXL.d_ff, x=x, y=y, flop_per_s=C, link_bytes_per_s=W, m_x=M_X,
+                               m_y=M_Y)
+    options.append([f"X = {x}, Y = {y} (more TP)", "α / (Y M_X)", num(b),
+                    "-" if math.isinf(b) else f"{b * x * y:,.0f}"])
+b2 = CB.compute_bound_batch(XXL.d_ff, x=4, y=16, flop_per_s=C, link_bytes_per_s=W, m_x=M_X,
+                            m_y=2)
+options.append(["X = 4, Y = 16, TP on two axes (M_Y = 2)", "α / (Y M_X)", num(b2),
+                f"{b2 * 64:,.0f}"])
+tp_limit = XXL.d_ff * M_Y / alpha
+options.append(["fp8 weight all-gathers (half the bytes)", "α / (2 Y M_X)",
+                num(per_device / 2), f"{per_device / 2 * 64:,.0f}"])
+assert all(float(r[2]) < per_device for r in options[1:] if r[2] != "inf")
+glue("tp_limit", tp_limit)
+glue("bubble_example", bubble_fraction(8, 32))
+Table(["option", "tokens per device >", "value", "global batch (64 chips)"], options)
+
+# %% [markdown]
+# More TP lowers the FSDP threshold as long as $Y < F M_Y/\alpha$ = {glue:text}`tp_limit:.1f`;
+# giving TP a second mesh axis raises that limit; fp8 gathers halve $T_\text{FSDP}$. Pipeline
+# parallelism moves activations instead of weights but pays a bubble, $(p-1)/(m+p-1)$:
+# {glue:text}`bubble_example:.1%` for $p$ = 8 stages and $m$ = 32 micro-batches. Keeping the
+# gathered weights across micro-batches (ZeRO-1/2 instead of ZeRO-3) divides FSDP's traffic by the
+# number of micro-batches, at the cost of holding them. Context parallelism does not help a
+# feed-forward layer: to it, tokens are tokens.
+#
+# ## The strategies
+#
+# What each strategy splits and sends, per device and step, for the book's `2.7B` preset at 4,096
+# tokens on 8 devices (`accounting.parallel.sent_bytes`, what `mlsys.distributed` does, call for
+# call):
+
+# %%
+cfg27 = TransformerConfig.preset(PLAN_PRESET, context_length=PLAN_SEQ)
+strategy_rows = []
+for name, (degrees, m) in {"DP (ZeRO-3 / FSDP)": (dict(dp_shard=8), 1), "TP": (dict(tp=8), 1),
+                           "PP (8 micro-batches)": (dict(pp=8), 8), "CP": (dict(cp=8), 1),
+                           "FSDP 2 x TP 4": (dict(dp_shard=2, tp=4), 1)}.items():
+    dims = P.ParallelDims(**degrees, world_size=8)
+    sent = P.sent_bytes(cfg27, dims, 0, batch=8, seq=PLAN_SEQ, microbatches=m)
+    mem = P.device_memory(cfg27, dims, micro_batch=8 // (dims.dp * m), seq=PLAN_SEQ,
+                          microbatches=m)
+    strategy_rows.append([name, num(mem.states / 1e9), num(mem.activations / 1e9),
+                          ", ".join(f"{k} {num(v / 1e9)}" for k, v in sent.items() if v)])
+Table(["strategy", "states per device (GB)", "activations (GB)", "sent per step (GB)"],
+      strategy_rows)
+
+# %% [markdown]
+# Tensor parallelism splits each matrix: column-parallel first ($W_1$, $W_q$, $W_k$, $W_v$, by
+# heads), row-parallel second ($W_2$, $W_o$), so a block needs one all-reduce forward and one
+# backward. The two autograd functions that do it are each other's transpose
+# {cite}`shoeybi2019megatron`:
+#
+# ```{literalinclude} ../lib/mlsys/distributed/tp.py
+# :pyobject: _ReduceFromTP
+# ```
+#
+# Pipeline parallelism runs micro-batches through stages in a schedule (GPipe: all forwards, then
+# all backwards; 1F1B: one of each in turn, fewer activations in flight); ring attention passes $K,
+# V$ blocks around the context ranks and merges partial results through their log-sum-exp, the
+# online softmax of {ref}`sec-attention`:
+#
+# ```{literalinclude} ../lib/mlsys/distributed/cp.py
+# :pyobject: ring_attention
+# ```
+#
+# `mesh.parallelize` composes them in one order, PP → TP → CP → FSDP: FSDP last, so that it shards
+# the parameters the others have already cut.
+#
+# ## Measurement
+#
+# ### Each strategy against one process
+#
+# A tiny copy of the book's model trains two AdamW steps on CPU ranks (gloo) under each strategy,
+# and the same steps run in one process on the whole batch. Every rank's bytes are counted by
+# wrapping the collectives:
+
+# %%
+checks_rows = check.against_one_process({k: (v, False) for k, v in TWO_RANKS.items()}, 2)
+checks_rows += check.against_one_process({"FSDP 2 x TP 2": (dict(dp_shard=2, tp=2), False),
+                                          "FSDP 2 x TP 2 + SP": (dict(dp_shard=2, tp=2), True)},
+                                         4)
+checks_rows += check.against_one_process({"PP 2 x CP 2 x TP 2": (dict(pp=2, cp=2, tp=2),
+                                                                  False)}, 8)
+worst = max(max(r["grad_diff"], r["param_diff"]) for r in checks_rows)
+bytes_equal = all(r["sent_bytes"] == r["predicted_bytes"] for r in checks_rows)
+assert worst < 1e-5 and bytes_equal
+glue("check_worst", worst)
+glue("check_cases", len(checks_rows))
+Table(["strategy", "ranks", "max |Δ loss|", "max |Δ grad|", "max |Δ weight|",
+       "bytes sent by rank 0 (counted = predicted)"],
+      [[r["case"], r["world_size"], f"{r['loss_diff']:.1e}", f"{r['grad_diff']:.1e}",
+        f"{r['param_diff']:.1e}", f"{r['sent_bytes'][0]:,.0f}"] for r in checks_rows])
+
+# %% [markdown]
+# All {glue:text}`check_cases` cases train like one process to {glue:text}`check_worst:.1e` (the
+# order of fp32 sums differs), and every rank sent exactly the bytes `accounting.parallel` predicts.
+#
+# ### The bubble, and ours against PyTorch's
+#
+# Pipelines over the ranks with each micro-batch count, the idle share of the step measured on every
+# rank against $(p-1)/(m+p-1)$; our FSDP and TP timed beside PyTorch's `fully_shard` and DTensor's
+# `parallelize_module`:
+
+# %%
+par_rows = parallel_step.run(PARALLEL)
+par_verdicts = parallel_step.verdicts(par_rows)
+for name, text in par_verdicts.items():
+    glue(f"par_{name.replace(' ', '_')}", text)
+parallel_step.table(par_rows)
+
+# %% [markdown]
+# 1F1B: {glue:text}`par_bubble_1f1b`. GPipe: {glue:text}`par_bubble_gpipe`. FSDP:
+# {glue:text}`par_fsdp`. TP: {glue:text}`par_tp`. And {glue:text}`par_bytes`.
+#
+# ### Planning a mesh
+#
+# `accounting.planner` enumerates every mesh of a cluster for a model and a global batch, predicts
+# memory per device, step time and MFU from the formulas above (bandwidth only, overlap where the
+# strategy allows it), and ranks them. `2.7B` on {glue:text}`plan_devices` H100s, batch
+# {glue:text}`plan_batch` × {glue:text}`plan_seq` tokens:
+
+# %%
+plans = planner.plan(cfg27, PLAN_CLUSTER, n_devices=PLAN_DEVICES, batch=PLAN_BATCH, seq=PLAN_SEQ,
+                     efficiency=PLAN_EFFICIENCY)
+assert all(p.mfu <= PLAN_EFFICIENCY + 1e-12 for p in plans)
+glue("plan_eff", 100 * PLAN_EFFICIENCY)
+best = plans[0]
+glue("plan_devices", PLAN_DEVICES)
+glue("plan_batch", PLAN_BATCH)
+glue("plan_seq", f"{PLAN_SEQ:,}")
+glue("plan_best", f"dp {best.dims.dp_replicate} × {best.dims.dp_shard}, tp {best.dims.tp}, "
+                  f"pp {best.dims.pp}, cp {best.dims.cp}, {best.microbatches} micro-batches")
+glue("plan_mfu", 100 * best.mfu)
+glue("plan_valid", len(plans))
+Table(["dp_replicate", "dp_shard", "tp", "pp", "cp", "m", "GB per device", "fits", "step s",
+       "MFU", "limited by"],
+      [[r["dp_replicate"], r["dp_shard"], r["tp"], r["pp"], r["cp"], r["microbatches"],
+        num(r["memory_gb"]), "yes" if r["fits"] else "no", num(r["step_s"]), f"{r['mfu']:.0%}",
+        r["limit"]] for r in (p.as_row() for p in plans[:8])])
+
+# %% tags=["remove-input"]
+fig, axes = plotting.subplots(1, 2, width=11.0, height=4.0)
+planner.plot_plans(plans, axes[0])
+axes[0].set_title(f"{PLAN_PRESET}: every mesh of {PLAN_DEVICES} H100s", fontsize=9)
+planner.plot_compute_bound(XXL.d_model, XXL.d_ff, X_FSDP * Y_TP, flop_per_s=C,
+                           link_bytes_per_s=W, m_x=M_X, m_y=M_Y, fixed_xy=(X_FSDP, Y_TP),
+                           ax=axes[1])
+axes[1].set_title("XXL on TPU v5p: compute / communication", fontsize=9)
+plt.show()
+
+# %% [markdown]
+# Of {glue:text}`plan_valid` valid meshes the planner ranks first {glue:text}`plan_best`, at a
+# predicted {glue:text}`plan_mfu:.0f`% MFU, given kernels that reach {glue:text}`plan_eff:.0f`% of
+# the peak (a first-order model: no latency, overlap wherever the strategy allows it). The rules of
+# thumb behind such a ranking: when the state fits a node, data parallelism with ZeRO; when it does
+# not, FSDP across nodes, TP inside a node (its all-reduces sit on the critical path, so they need
+# NVLink); when the batch is too small for FSDP to be compute-bound, more TP or PP; when one
+# sequence's activations do not fit, CP. The same query from a shell: `python -m mlsys plan --preset
+# 2.7B --cluster dgx-h100 --devices 64 --batch 256 --seq 4096`.
+#
+# ### Recorded GPU results
+#
+# `python -m mlsys.experiments parallel_step` needs several ranks; a lent machine has one GPU, so
+# its record runs the ranks on that machine's CPU cores and says so in every row:
+
+# %%
+runs = experiments.recorded("parallel_step")
+print(f"parallel_step: {len(runs)} record(s)" if runs else
+      experiments.no_record_text("parallel_step"))
+for record in runs:
+    print(experiments.provenance_line(record))
+    display(parallel_step.table(record["results"]))
+
+# %% [markdown]
+# ```{admonition} Takeaway
+# :class: tip
+# FSDP shards the state and moves the weights (the per-device batch must exceed $\alpha/(Y M_X)$ to
+# hide it: {glue:text}`c_per_device:.0f` tokens for XXL on a v5p mesh with $X$ = 16, $Y$ = 4); TP
+# shards the matrices and moves activations on the critical path (it needs $F M_Y > Y\alpha$); PP
+# moves activations between stages and pays a bubble; CP moves $K$ and $V$ around a ring. Each was
+# checked against one process here, byte for byte against its formula.
+# ```
+#
+# ## Exercises
+#
+# ### Q1 [XXL on H100 nodes]
+#
+# The XXL model on DGX H100 nodes, state as in (a): (a) the smallest pure-FSDP degree that fits the
+# state alone; (b) with 2,048 tokens per device of activations, half sharded; (c) at that degree,
+# the FSDP all-gather of one block's bf16 weights over NVLink inside a node vs InfiniBand across
+# nodes (`accounting.comms`).
+
+# %% tags=["hide-cell"]
+q1_a = P.min_shards_to_fit(GPU.hbm_bytes, states)
+q1_b = P.min_shards_to_fit(GPU.hbm_bytes, states, per_token * 2_048,
+                           activation_shard_fraction=0.5)
+block_bytes = 2 * XXL.d_model * XXL.d_ff * 2  # one block's weights in bf16
+node = hardware.get_cluster("dgx-h100")
+gather = comms.collective_cost("all_gather", block_bytes, q1_b)
+t_nvlink = gather.sent_bytes / node.intra_node.bytes_per_s
+t_ib = gather.sent_bytes / node.inter_node.bytes_per_s
+assert q1_b > q1_a and t_ib > t_nvlink
+for name, value in {"q1_a": q1_a, "q1_b": q1_b, "q1_nv_ms": t_nvlink * 1e3,
+                    "q1_ib_ms": t_ib * 1e3}.items():
+    glue(name, value)
+
+# %% [markdown]
+# ```{dropdown} Answer
+# (a) {glue:text}`q1_a` H100s for the state. (b) {glue:text}`q1_b` with the activations. (c) Each
+# device sends $(N-1)/N$ of a block's bf16 weights: {glue:text}`q1_nv_ms:.1f` ms over NVLink,
+# {glue:text}`q1_ib_ms:.1f` ms over InfiniBand: FSDP across nodes needs a large batch to hide it.
+# ```
+#
+# ### Q2 [Find the error]
+#
+# "To shrink the global batch at the same throughput, use gradient accumulation: 8 micro-batches of
+# 1/8 the size each." Why does this not shrink what matters?
+
+# %% tags=["hide-cell"]
+fsdp8 = P.ParallelDims(dp_shard=8, world_size=8)
+gathers = {m: P.sent_bytes(cfg27, fsdp8, 0, batch=64, seq=PLAN_SEQ, microbatches=m)["all_gather"]
+           for m in (1, 8)}
+assert gathers[8] > 4 * gathers[1]  # ZeRO-3 gathers the weights again for every micro-batch
+glue("q2_gather_ratio", gathers[8] / gathers[1])
+
+# %% [markdown]
+# ```{dropdown} Answer
+# The optimizer still steps once per 8 micro-batches: the batch per update, the quantity that limits
+# convergence, is unchanged. Worse for FSDP, each micro-batch all-gathers the weights again
+# ({glue:text}`q2_gather_ratio:.0f`× the all-gather bytes per step for `2.7B` on 8 GPUs), and a
+# micro-batch of $B/8$ tokens per device is further below $\alpha/(Y M_X)$. Shrinking the batch
+# needs the levers of (d): more TP, more mesh axes, fewer bytes per gather, or pipelining.
+# ```
+#
+# ### Q3 [The bubble]
+#
+# How many micro-batches keep the bubble of an 8-stage pipeline under 5%?
+
+# %% tags=["hide-cell"]
+q3 = next(m for m in range(1, 10_000) if bubble_fraction(8, m) < 0.05)
+assert q3 == math.ceil(7 / 0.05 - 7 + 1e-9)
+glue("q3_m", q3)
+
+# %% [markdown]
+# ```{dropdown} Answer
+# $(p-1)/(m+p-1) < 0.05$ gives $m > 19(p-1) = 133$: **{glue:text}`q3_m`** micro-batches, each of
+# which must still be large enough to keep its stage compute-bound.
+# ```
+#
+# ## Summary
+#
+# - XXL's fp32 training state is {glue:text}`xxl_states_tb:.2f` TB ({glue:text}`xxl_h100` H100s);
+#   its activations, {glue:text}`xxl_per_token_mb:.1f` MB per token in bf16, decide how far FSDP
+#   must shard.
+# - Compute-bound FSDP × TP needs $B/N > \alpha/(Y M_X)$ and $F M_Y > Y\alpha$; the Scaling Book's
+#   $\alpha^2/(M_X M_Y F)$ holds only at the optimal split.
+# - Gradient accumulation does not shrink the batch per update; more TP, more axes, fp8 gathers and
+#   pipelining do.
+# - Every strategy here equals one process, and sends exactly the bytes of its formula.
