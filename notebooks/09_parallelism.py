@@ -52,6 +52,7 @@ from mlsys import experiments, hardware, plotting
 from mlsys.accounting import comms, memory, planner
 from mlsys.accounting import compute_bound as CB
 from mlsys.accounting import parallel as P
+from mlsys.accounting.flops import transformer_flops
 from mlsys.accounting.pipeline import bubble_fraction
 from mlsys.book import Table, glue, num
 from mlsys.distributed import check
@@ -67,6 +68,9 @@ TOKENS_PER_DEVICE = (0, 512, 1_024, 2_048, 4_096, 8_192)  # part (b): the seed g
 # The planner's examples
 PLAN_PRESET, PLAN_CLUSTER, PLAN_DEVICES, PLAN_BATCH, PLAN_SEQ = "2.7B", "dgx-h100", 64, 256, 4_096
 PLAN_EFFICIENCY = 0.5  # assumed share of the peak the kernels reach (the planner's only fudge)
+MAP_DEVICES = 8  # the decision tree's map: one DGX H100 node, these batches and lengths
+MAP_BATCHES = (1, 2, 4, 8, 16, 64, 256)
+MAP_SEQS = (1_024, 4_096, 16_384, 65_536, 131_072)
 # Checks on CPU ranks (a tiny copy of the book's model) and the measured experiment
 TWO_RANKS = {"FSDP": dict(dp_shard=2), "TP": dict(tp=2), "PP": dict(pp=2), "CP": dict(cp=2)}
 PARALLEL = env.pick(**parallel_step.SIZES)
@@ -355,7 +359,77 @@ plt.show()
 # not, FSDP across nodes, TP inside a node (its all-reduces sit on the critical path, so they need
 # NVLink); when the batch is too small for FSDP to be compute-bound, more TP or PP; when one
 # sequence's activations do not fit, CP. The same query from a shell: `python -m mlsys plan --preset
-# 2.7B --cluster dgx-h100 --devices 64 --batch 256 --seq 4096`.
+# 2.7B --cluster dgx-h100 --devices 64 --batch 256 --seq 4096` (add `--plot plans.png` for the
+# figure).
+#
+# ### The decision tree, drawn by the planner
+#
+# The same ranking over a grid of global batches and sequence lengths, `2.7B` on one node of
+# {glue:text}`map_devices` H100s; each cell shows the planner's first choice and its predicted MFU:
+
+# %%
+map_cfg = TransformerConfig.preset(PLAN_PRESET, context_length=max(MAP_SEQS))
+choices = planner.first_choices(map_cfg, PLAN_CLUSTER, n_devices=MAP_DEVICES,
+                                batches=MAP_BATCHES, seqs=MAP_SEQS, efficiency=PLAN_EFFICIENCY)
+short, fitting = min(MAP_SEQS), [s for s in MAP_SEQS if any(choices[(b, s)] for b in MAP_BATCHES)]
+fsdp_from = next(b for b in MAP_BATCHES if planner.family(choices[(b, short)].dims) == "fsdp")
+assert all(planner.family(choices[(b, short)].dims) == "fsdp" for b in MAP_BATCHES
+           if b >= fsdp_from)  # once the batch hides FSDP's traffic, FSDP alone
+assert all("tp" in planner.family(choices[(b, short)].dims) for b in MAP_BATCHES if b < fsdp_from)
+assert all("cp" in planner.family(choices[(b, max(fitting))].dims) for b in MAP_BATCHES)
+assert all(choices[(b, s)] is None for b in MAP_BATCHES for s in MAP_SEQS if s > max(fitting))
+glue("map_devices", MAP_DEVICES)
+glue("map_short", f"{short:,}")
+glue("map_fsdp_from", fsdp_from)
+glue("map_one", planner.mesh_text(choices[(min(MAP_BATCHES), short)].dims))
+glue("map_long", f"{max(fitting):,}")
+glue("map_long_mesh", planner.mesh_text(choices[(max(MAP_BATCHES), max(fitting))].dims))
+glue("map_none", f"{min(s for s in MAP_SEQS if s > max(fitting)):,}")
+
+# %% tags=["remove-input"]
+fig, ax = plotting.subplots(width=10.0, height=4.0)
+planner.plot_first_choices(choices, ax)
+ax.set_title(f"{PLAN_PRESET} on {MAP_DEVICES} H100s: the planner's first choice", fontsize=9)
+plt.show()
+
+# %% [markdown]
+# Along the bottom row ({glue:text}`map_short` tokens): one sequence cannot be split by data
+# parallelism over {glue:text}`map_devices` GPUs, so the model itself is cut ({glue:text}`map_one`);
+# TP stays in the mesh while the batch per GPU is below FSDP's threshold; from
+# {glue:text}`map_fsdp_from` sequences on, FSDP alone. Up the columns, longer sequences bring in
+# context parallelism, up to {glue:text}`map_long_mesh` at {glue:text}`map_long` tokens; at
+# {glue:text}`map_none` tokens nothing fits one node (without activation checkpointing). The
+# one-pager on parallelism turns this map into its decision tree, branch by branch.
+#
+# ### Does the planner predict the runs?
+#
+# The planner has no anchor of its own; the runs above give it one. Calibrated on two numbers
+# measured in the same launch as the steps (the FLOP/s one rank reaches stepping the whole batch
+# alone, and an α-β fit of all-reduces between the ranks), it predicts the step of every mesh that
+# ran: data parallelism (chapter 08's bucketed DDP, {ref}`sec-data-parallel`), FSDP, TP and the 1F1B
+# pipeline at each micro-batch count, with its prediction if nothing overlapped beside:
+
+# %%
+mf = transformer_flops(TransformerConfig.preset(PARALLEL.preset), 1, PARALLEL.seq)
+head_share = mf.lm_head / mf.forward_matmul_flops
+tp_floor = (1 - head_share) / PARALLEL.world_size + head_share
+assert tp_floor > 1 / PARALLEL.world_size
+glue("head_share", 100 * head_share)
+glue("tp_floor", tp_floor)
+glue("tp_even", 1 / PARALLEL.world_size)
+parallel_step.planner_table(par_rows)
+
+# %% [markdown]
+# {glue:text}`par_planner`. What the first-order model leaves out shows in such a check. It divides
+# every FLOP evenly among the ranks, but our TP keeps the output head ({glue:text}`head_share:.0f`%
+# of this model's matmul FLOPs) whole on every rank, so a TP rank computes {glue:text}`tp_floor:.2f`
+# of the step, not {glue:text}`tp_even:.2f`, and the pipeline's last stage carries the head on top
+# of its blocks. It hides FSDP's and DDP's traffic under compute, while on a CPU the collectives run
+# on the cores the compute needs. And where a measured step lies above even the no-overlap column,
+# what costs the time is neither FLOPs nor bytes: the per-call and per-micro-batch overheads, and
+# the smaller matrices each rank multiplies, which reach a lower FLOP/s than the calibration's whole
+# batch. A record of `python -m mlsys.experiments parallel_step` carries the same check for its own
+# machine (below).
 #
 # ### Recorded GPU results
 #

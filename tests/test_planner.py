@@ -117,3 +117,86 @@ def test_the_command_rejects_impossible_meshes_in_one_line(extra, fragment):
     assert done.returncode == 2 and done.stdout == "" and "Traceback" not in done.stderr
     errors = [line for line in done.stderr.splitlines() if "error:" in line]
     assert len(errors) == 1 and fragment in errors[0], done.stderr
+
+
+def test_a_sequence_longer_than_the_preset_raises_its_context_and_says_so():
+    args = [a if a != "1024" else "4096" for a in ARGS]
+    done = _run(*args, "--top", "2")
+    assert done.returncode == 0, done.stderr
+    assert "(context length raised to 4096: no parameter depends on it)" in done.stdout
+    cfg = TransformerConfig.preset("small", context_length=4096)
+    expected = planner.plan(cfg, "dgx-h100", n_devices=16, batch=64, seq=4096)
+    assert done.stdout.splitlines()[2:] == planner.table(expected, top=2)
+
+
+def test_the_command_draws_the_plans_when_asked(tmp_path):
+    path = tmp_path / "plans.png"
+    done = _run(*ARGS, "--top", "2", "--plot", str(path))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == f"figure: {path}"
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for bad, fragment in ((tmp_path / "plans.jpg", "plot must end in .png, .svg, .pdf"),
+                          (tmp_path / "nope" / "plans.png", "does not exist")):
+        done = _run(*ARGS, "--plot", str(bad))
+        assert done.returncode == 2 and fragment in done.stderr and not bad.exists()
+
+
+def test_every_plan_says_what_it_would_cost_with_no_overlap(plans):
+    for p in plans:
+        assert set(p.communication_s) == set(p.exposed_s)
+        assert all(p.communication_s[k] >= p.exposed_s[k] - 1e-15 for k in p.exposed_s)
+        assert p.serial_step_s == pytest.approx(p.compute_s + p.bubble_s
+                                                + sum(p.communication_s.values()))
+        assert p.serial_step_s >= p.step_s
+    fsdp = next(p for p in plans if p.dims.dp_shard == 16)
+    assert fsdp.communication_s["fsdp"] > 0 and fsdp.exposed_s["fsdp"] < \
+        fsdp.communication_s["fsdp"]  # at 4,096 tokens per GPU FSDP hides behind compute
+
+
+def test_mesh_names():
+    assert planner.family(P.ParallelDims(dp_shard=4, tp=2)) == "fsdp+tp"
+    assert planner.family(P.ParallelDims(dp_replicate=2, dp_shard=4)) == "dp+fsdp"
+    assert planner.family(P.ParallelDims(world_size=1)) == "one device"
+    assert planner.mesh_text(P.ParallelDims(pp=2, cp=2, tp=2)) == "tp 2 pp 2 cp 2"
+
+
+def test_the_decision_map_is_the_planners_first_choice():
+    batches, seqs = (1, 64), (256, 1024)
+    choices = planner.first_choices(SMALL, H100, n_devices=8, batches=batches, seqs=seqs)
+    assert set(choices) == {(b, s) for b in batches for s in seqs}
+    for (b, s), choice in choices.items():
+        first = planner.plan(SMALL, H100, n_devices=8, batch=b, seq=s)[0]
+        assert choice is not None and first.fits
+        assert (choice.dims, choice.microbatches, choice.step_s) == (
+            first.dims, first.microbatches, first.step_s)
+    assert "tp" in planner.family(choices[(1, 1024)].dims)  # one sequence: cut the model
+    assert planner.family(choices[(64, 1024)].dims) == "fsdp"  # 8 sequences per GPU: FSDP
+    nothing = planner.first_choices(P.XXL, "tpu-v5p", n_devices=1, batches=(1,), seqs=(1024,))
+    assert nothing == {(1, 1024): None}
+    ax = planner.plot_first_choices({**choices, (64, 2048): None})
+    texts = [t.get_text() for t in ax.texts]
+    assert len(texts) == 5 and "nothing fits" in texts
+    assert ax.get_xlabel() == "global batch (sequences)"
+    with pytest.raises(ValueError, match=r"seq \(4096\) must be <= context_length"):
+        planner.first_choices(SMALL, H100, n_devices=8, batches=(8,), seqs=(4096,))
+
+
+def test_a_measured_cluster_is_what_the_planner_divides_by():
+    cl = planner.measured_cluster("two CPU ranks", flop_per_s=5e10, dtype="fp32",
+                                  link_bytes_per_s=2e9, per_node=2, memory_bytes=16e9)
+    assert cl.accelerator.peak_flop_per_s("fp32") == 5e10
+    assert cl.ring_link(2).bytes_per_s == 2e9 and cl.per_node == 2
+    with pytest.raises(ValueError, match="no link between nodes"):
+        cl.ring_link(4)
+    laptop = TransformerConfig.preset("laptop")
+    p = planner.evaluate(laptop, cl, P.ParallelDims(dp_shard=2), batch=8, seq=64,
+                         recipe="fp32_adamw", dtype="fp32")
+    flops = training_flops_per_token(laptop, 64) * 8 * 64
+    assert p.compute_s == pytest.approx(flops / (2 * 5e10))
+    for kw, message in (({"flop_per_s": 0}, "flop_per_s must be > 0"),
+                        ({"link_bytes_per_s": -1}, "link_bytes_per_s must be > 0"),
+                        ({"per_node": 0}, "per_node must be")):
+        args = {"flop_per_s": 5e10, "dtype": "fp32", "link_bytes_per_s": 2e9, "per_node": 2,
+                "memory_bytes": 16e9, **kw}
+        with pytest.raises(ValueError, match=message):
+            planner.measured_cluster("x", **args)

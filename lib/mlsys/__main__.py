@@ -10,9 +10,10 @@
 roofline, and the step time at --mfu. `plan` prints `mlsys.accounting.planner.plan(...)`: every
 mesh of --devices (data replicate x shard x tensor x pipeline x context) the model allows, ranked
 by predicted step time, with memory per device and MFU; --dp-replicate, --dp-shard, --tp, --pp
-and --cp hold an axis. Bad arguments, and a mesh that cannot be built, end with a one-line error
-and exit status 2. Pure arithmetic: no torch import, no device. Recording GPU measurements is a
-separate entry point, `python -m mlsys.experiments`.
+and --cp hold an axis; --plot FILE also draws every mesh's memory against its step time. Bad
+arguments, and a mesh that cannot be built, end with a one-line error and exit status 2. Pure
+arithmetic: no torch import, no device (matplotlib only for --plot). Recording GPU measurements is
+a separate entry point, `python -m mlsys.experiments`.
 """
 
 from __future__ import annotations
@@ -138,7 +139,24 @@ def _plan_parser(commands) -> None:
     p.add_argument("--efficiency", type=_checked(_fraction("efficiency")), default=1.0,
                    help="share of peak the kernels reach when nothing waits (default 1)")
     p.add_argument("--top", type=_count("top"), default=10, help="rows to print (default 10)")
+    p.add_argument("--plot", type=_checked(_figure_path), metavar="FILE",
+                   help="also draw memory per device against step time, every mesh, to FILE "
+                   f"({', '.join(FIGURE_SUFFIXES)})")
     p.set_defaults(run=_plan, command_parser=p)
+
+
+FIGURE_SUFFIXES = (".png", ".svg", ".pdf")
+
+
+def _figure_path(text: str) -> str:
+    """A file name matplotlib can write: a known suffix, in a folder that exists."""
+    suffix = os.path.splitext(text)[1].lower()
+    if suffix not in FIGURE_SUFFIXES:
+        raise ValueError(f"plot must end in {', '.join(FIGURE_SUFFIXES)}, got {text!r}")
+    folder = os.path.dirname(os.path.abspath(text))
+    if not os.path.isdir(folder):
+        raise ValueError(f"plot's folder {folder!r} does not exist")
+    return text
 
 
 def _fraction(name: str) -> Callable[[str], float]:
@@ -155,6 +173,9 @@ def _fraction(name: str) -> Callable[[str], float]:
 
 def _plan(args: argparse.Namespace) -> list[str]:
     cfg = TransformerConfig.preset(args.preset)
+    longer = args.seq > cfg.context_length  # only the RoPE tables depend on it: no parameter
+    if longer:
+        cfg = TransformerConfig.preset(args.preset, context_length=args.seq)
     cluster = hardware.get_cluster(args.cluster)
     fixed = {axis: getattr(args, axis) for axis in ("dp_replicate", "dp_shard", "tp", "pp", "cp")
              if getattr(args, axis) is not None}
@@ -163,14 +184,34 @@ def _plan(args: argparse.Namespace) -> list[str]:
                          fixed=fixed, microbatches=args.microbatches)
     acc = cluster.accelerator
     fit = sum(p.fits for p in plans)
+    drawn = []
+    if args.plot:
+        _draw_plans(plans, args.plot, f"{args.preset} on {args.devices} x {acc.name}, batch "
+                    f"{args.batch} x {args.seq}")
+        drawn = [f"figure: {args.plot}"]
     return [
         f"plan: {args.preset} ({count_params(cfg):,} parameters) on {args.devices} x {acc.name} "
-        f"({cluster.name}); batch {args.batch} x {args.seq} tokens; {args.recipe}",
+        f"({cluster.name}); batch {args.batch} x {args.seq} tokens; {args.recipe}"
+        + (f" (context length raised to {args.seq}: no parameter depends on it)" if longer
+           else ""),
         f"{len(plans)} valid meshes, {fit} fit in {acc.hbm_bytes / 1e9:g} GB; compute at "
         f"{args.efficiency:.0%} of the {args.dtype} peak, communication by bandwidth only: "
         "times are lower bounds",
         *planner.table(plans, top=args.top),
+        *drawn,
     ]
+
+
+def _draw_plans(plans: list[planner.Plan], path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # a file, never a window
+    from mlsys import plotting
+
+    fig, ax = plotting.subplots(width=7.0, height=4.5)
+    planner.plot_plans(plans, ax)
+    ax.set_title(title, fontsize=9)
+    fig.savefig(path, bbox_inches="tight")
 
 
 def _napkin(args: argparse.Namespace) -> list[str]:

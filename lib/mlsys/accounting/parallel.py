@@ -9,6 +9,8 @@ SwiGLU by columns of w1, w3 and rows of w2). FSDP shards over dp_shard x cp (`fs
 hold the same weights, so they can share the shards, as torchtitan does. Memory per device
 (`device_memory`) and bytes per step (`sent_bytes`, exactly what `mlsys.distributed` sends, which
 the tests count) follow from the degrees; the planner (`accounting.planner`) turns them into time.
+Expert parallelism (`ep_*`: expert weights per rank, the all-to-all bytes of a mixture-of-experts
+layer) is counted too, for the one-pager; it is not an axis of the mesh.
 
 The pipeline bubble and schedules live in `accounting.pipeline`, the compute-bound conditions in
 the Scaling Book's notation in `accounting.compute_bound`; both are re-exported here. Pure: no

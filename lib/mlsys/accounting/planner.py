@@ -20,7 +20,10 @@ batch, `plan` predicts:
   peak).
 A model of the first order: no kernel efficiency below `efficiency`, no latency, perfect overlap
 where overlap is claimed. Its use is to rank meshes and to say what limits each, not to promise a
-time. `table` renders the ranking; `plot_plans` and `plot_compute_bound` draw the chapter's figures.
+time. `table` renders the ranking; `plot_plans` and `plot_compute_bound` draw the chapter's figures;
+`first_choices` and `plot_first_choices` draw the decision tree as a map of the first choice over
+batch and sequence length; `measured_cluster` describes a machine by what was measured on it, so
+the planner can be checked against runs (`experiments.parallel_step`).
 Pure (matplotlib only inside the plot functions). Used in: chapter 09, `python -m mlsys plan`.
 """
 
@@ -55,6 +58,7 @@ class Plan:
     bubble_s: float
     exposed_s: dict[str, float] = field(default_factory=dict)  # communication compute leaves
     mfu: float = 0.0
+    communication_s: dict[str, float] = field(default_factory=dict)  # all of it, before overlap
 
     @property
     def fits(self) -> bool:
@@ -63,6 +67,11 @@ class Plan:
     @property
     def step_s(self) -> float:
         return self.compute_s + self.bubble_s + sum(self.exposed_s.values())
+
+    @property
+    def serial_step_s(self) -> float:
+        """The step if no communication overlapped anything: compute + bubble + all of it."""
+        return self.compute_s + self.bubble_s + sum(self.communication_s.values())
 
     @property
     def limit(self) -> str:
@@ -104,12 +113,12 @@ def evaluate(cfg, cluster: hardware.Cluster, dims: P.ParallelDims, *, batch: int
     tokens = micro * seq // dims.cp
     link = cluster.ring_link(dims.span("pp")).bytes_per_s
     send = tokens * shape.d_model * bytes_per_element(dtype) / link  # one activation
+    total = {"fsdp": data, "tp": times["tp"], "cp": times["cp"], "pp": 2 * (dims.pp - 1) * send}
     exposed = {"fsdp": max(0.0, data - compute), "tp": times["tp"],
-               "cp": max(0.0, times["cp"] - compute * share),
-               "pp": 2 * (dims.pp - 1) * send}
+               "cp": max(0.0, times["cp"] - compute * share), "pp": total["pp"]}
     step = compute + bubble + sum(exposed.values())
     return Plan(dims, m, memory, acc.hbm_bytes, compute, bubble, exposed,
-                flops / (step * n * peak))
+                flops / (step * n * peak), total)
 
 
 def _factorizations(n: int, k: int):
@@ -279,3 +288,95 @@ def plot_compute_bound(d_model: int, d_ff: int, n_devices: int, *, flop_per_s: f
     plotting.finish(ax, xlabel="tokens per device, B / N", ylabel="T_math / T_comms",
                     logx=True, logy=True)
     return ax
+
+
+# --- the decision tree as a map: the planner's first choice over batch and sequence length -------
+
+FAMILY_AXES = {"dp_replicate": "dp", "dp_shard": "fsdp", "tp": "tp", "pp": "pp", "cp": "cp"}
+
+
+def family(dims: P.ParallelDims) -> str:
+    """The strategies a mesh combines, in the tables' order: "fsdp", "tp+fsdp", "dp+fsdp" (HSDP)
+    ...; "one device" when no axis is above 1."""
+    used = [name for axis, name in FAMILY_AXES.items() if getattr(dims, axis) > 1]
+    return "+".join(used) or "one device"
+
+
+def mesh_text(dims: P.ParallelDims) -> str:
+    """The degrees above 1, short: "tp 2 fsdp 4"."""
+    return " ".join(f"{name} {getattr(dims, axis)}" for axis, name in FAMILY_AXES.items()
+                    if getattr(dims, axis) > 1) or "one device"
+
+
+def first_choices(cfg, cluster: str | hardware.Cluster, *, n_devices: int, batches, seqs,
+                  **options) -> dict[tuple[int, int], Plan | None]:
+    """The planner's first choice for every (global batch, seq) pair, None where no mesh fits or
+    none is valid; `options` as for `plan`. `cfg.context_length` must cover every seq."""
+    out: dict[tuple[int, int], Plan | None] = {}
+    for seq in seqs:
+        for batch in batches:
+            try:
+                plans = plan(cfg, cluster, n_devices=n_devices, batch=batch, seq=seq, **options)
+            except ValueError as error:
+                if "no mesh" not in str(error):
+                    raise
+                plans = []
+            out[(batch, seq)] = plans[0] if plans and plans[0].fits else None
+    return out
+
+
+def plot_first_choices(choices: dict[tuple[int, int], Plan | None], ax=None):
+    """The decision tree drawn by the planner: one cell per (global batch, seq), coloured by the
+    family of its first choice and labelled with the mesh and its predicted MFU. Returns the
+    axes."""
+    import numpy as np
+    from matplotlib.colors import ListedColormap, to_rgba
+    from matplotlib.patches import Patch
+
+    from mlsys import plotting
+
+    if ax is None:
+        _, ax = plotting.subplots()
+    batches = sorted({b for b, _ in choices})
+    seqs = sorted({s for _, s in choices})
+    names = sorted({family(p.dims) for p in choices.values() if p is not None})
+    codes = {name: i for i, name in enumerate(names)}
+    grid = np.full((len(seqs), len(batches)), np.nan)
+    for (b, s), p in choices.items():
+        if p is not None:
+            grid[seqs.index(s), batches.index(b)] = codes[family(p.dims)]
+    colors = [to_rgba(plotting.CYCLE[i % len(plotting.CYCLE)], 0.55) for i in range(len(names))]
+    ax.imshow(grid, cmap=ListedColormap(colors or ["white"]), vmin=-0.5,
+              vmax=max(len(names), 1) - 0.5, origin="lower", aspect="auto")
+    for (b, s), p in choices.items():
+        text = "nothing fits" if p is None else f"{mesh_text(p.dims)}\n{p.mfu:.0%}"
+        ax.text(batches.index(b), seqs.index(s), text, ha="center", va="center", fontsize=6)
+    ax.grid(False)
+    ax.set_xticks(range(len(batches)), [f"{b:,}" for b in batches])
+    ax.set_yticks(range(len(seqs)), [f"{s:,}" for s in seqs])
+    ax.set_xlabel("global batch (sequences)")
+    ax.set_ylabel("sequence length (tokens)")
+    ax.legend(handles=[Patch(color=c, label=n) for n, c in zip(names, colors, strict=True)],
+              fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    return ax
+
+
+# --- the planner on a machine it can be checked on ----------------------------------------------
+
+
+def measured_cluster(name: str, *, flop_per_s: float, dtype: str, link_bytes_per_s: float,
+                     per_node: int, memory_bytes: float) -> hardware.Cluster:
+    """A one-node cluster described by what was measured on it: the FLOP/s one rank reaches
+    (the planner's peak, to use with efficiency 1) and the bandwidth of an all-reduce fit (the
+    link). The chip's memory bandwidth is not measured and not read by the planner: its field
+    holds the link's figure."""
+    rate = checks.positive(flop_per_s, "flop_per_s")
+    link_rate = checks.positive(link_bytes_per_s, "link_bytes_per_s")
+    acc = hardware.Accelerator(
+        name=name, vendor="measured", dense_flop_per_s={dtype: rate},
+        hbm_bytes=checks.positive(memory_bytes, "memory_bytes"), hbm_bytes_per_s=link_rate,
+        l2_bytes=None, smem_per_sm_bytes=None, sm_count=None, interconnect_bytes_per_s=link_rate,
+        interconnect_name="measured link", pcie_bytes_per_s=link_rate,
+        notes="FLOP/s and link measured; memory bandwidth not (its field holds the link's)")
+    link = hardware.Link(f"{name}: measured link", link_rate, "an all-reduce fit (alpha-beta)")
+    return hardware.Cluster(name, acc, checks.positive_int(per_node, "per_node"), link, None)

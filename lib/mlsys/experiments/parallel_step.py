@@ -10,7 +10,11 @@ measures:
 - **fsdp**: our FSDP with and without prefetch, and PyTorch's FSDP2 (`fully_shard`), the step's
   time and the bytes ours sent (`distributed.comms.count_bytes`) beside `accounting.parallel`;
 - **tp**: our Megatron TP and DTensor's `parallelize_module`, the same (DTensor's collectives go
-  through the C++ functional API and are not counted).
+  through the C++ functional API and are not counted);
+- **planner**: `accounting.planner` calibrated on two measurements of the same launch (the
+  FLOP/s each rank reaches stepping the whole batch alone, and an alpha-beta fit of all-reduces
+  of `link_bytes`) predicts the step of every mesh that ran: data parallelism (chapter 08's
+  bucketed DDP), FSDP, TP and the 1F1B pipeline at each m, beside the measured step.
 A sample is the slowest rank's step. The ranks always run on the CPU: the strategies need two or
 more ranks, and one GPU cannot host two NCCL ranks, so a machine with one GPU runs the gpu sizes
 on its CPU cores and every row says so (`ranks_device`). Used in: chapter 09 (§sec-parallelism).
@@ -42,12 +46,15 @@ class Sizes:
     microbatches: tuple[int, ...]
     warmup: int
     steps: int
+    link_bytes: tuple[int, ...]  # all-reduce sizes of the planner's link calibration
 
 
+MIB = 2**20
 SIZES = {
-    "smoke": Sizes("debug", 2, 4, 16, (1, 4), 0, 2),
-    "cpu": Sizes("laptop", 2, 8, 64, (1, 2, 4, 8), 1, 4),
-    "gpu": Sizes("laptop", 4, 16, 128, (1, 2, 4, 8, 16), 2, 6),  # on the GPU machine's CPU
+    "smoke": Sizes("debug", 2, 4, 16, (1, 4), 0, 2, (MIB, 8 * MIB)),
+    "cpu": Sizes("laptop", 2, 8, 64, (1, 2, 4, 8), 1, 4, (MIB, 4 * MIB, 16 * MIB)),
+    "gpu": Sizes("laptop", 4, 16, 128, (1, 2, 4, 8, 16), 2, 6,  # on the GPU machine's CPU
+                 (MIB, 4 * MIB, 16 * MIB)),
 }
 
 
@@ -58,7 +65,8 @@ def measure(rank, s: Sizes) -> dict[str, Any]:
     """Everything the experiment times on one rank (runs inside `distributed.launch`)."""
     import torch
 
-    from mlsys.distributed import comms, fsdp, pp, tp
+    from mlsys.distributed import comms, ddp, fsdp, pp, tp
+    from mlsys.experiments.allreduce_bench import time_all_reduces
     from mlsys.models.transformer import Transformer
     from mlsys.training import next_token_loss
 
@@ -83,7 +91,7 @@ def measure(rank, s: Sizes) -> dict[str, Any]:
                 stage.zero_grad(set_to_none=True)
             out["bubble"][(schedule, m)] = steps[s.warmup:]
 
-    def timed(model, batch, sync=None):
+    def timed(model, batch):
         opt = torch.optim.AdamW(model.parameters())
         times, sent = [], None
         for _ in range(s.warmup + s.steps):
@@ -91,6 +99,8 @@ def measure(rank, s: Sizes) -> dict[str, Any]:
             t0 = time.perf_counter()
             with comms.count_bytes() as count:
                 next_token_loss(model, batch).backward()
+                if isinstance(model, ddp.BucketedDDP):
+                    model.finish_gradient_synchronization()
             opt.step()
             opt.zero_grad(set_to_none=True)
             times.append(time.perf_counter() - t0)
@@ -104,6 +114,9 @@ def measure(rank, s: Sizes) -> dict[str, Any]:
     out["fsdp"]["fully_shard"] = timed(fsdp.apply_fully_shard(fresh(), group), mine)
     out["tp"]["ours"] = timed(tp.apply_tp(fresh(), group), tokens)
     out["tp"]["dtensor"] = timed(tp.apply_dtensor_tp(fresh(), group), tokens)
+    out["dp"] = timed(ddp.apply_ddp(fresh(), "bucketed", group=group), mine)
+    out["alone"] = timed(fresh(), tokens)  # the whole batch on every rank, no communication
+    out["all_reduce"] = time_all_reduces(rank, s.link_bytes, 1, max(3, s.steps))
     return out
 
 
@@ -151,10 +164,61 @@ def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
                                                          for r in per_rank])),
                          "sent_bytes": first["sent_bytes"] if variant.startswith("ours") else None,
                          "predicted_sent_bytes": predicted[kind]})
+    rows += planner_rows(s, per_rank, rows)
     rows.append({"kind": "setup", "preset": s.preset, "world_size": p, "batch": s.batch,
                  "seq": s.seq, "device": env.device_name(), "ranks_device": "cpu",
                  "backend": "gloo", "note": note})
     return rows
+
+
+def planner_rows(s: Sizes, per_rank: list[dict[str, Any]],
+                 measured: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The calibration row, then the planner's prediction beside each measured mesh; only the
+    calibration row (with its error) when the all-reduce times give no fit."""
+    import os
+
+    from mlsys.accounting import comms as C
+    from mlsys.accounting import planner
+
+    cfg, p = TransformerConfig.preset(s.preset), s.world_size
+    alone = _slowest([r["alone"]["times"] for r in per_rank])
+    flops = P.model_shape(cfg, seq=s.seq, dtype="fp32").training_flops_per_token * s.batch * s.seq
+    sizes = sorted(per_rank[0]["all_reduce"])
+    per_call = [sorted(max(v) for v in zip(*(r["all_reduce"][m] for r in per_rank),
+                                           strict=True))[len(per_rank[0]["all_reduce"][m]) // 2]
+                for m in sizes]
+    calibration = {"kind": "calibration", "alone": timing_fields(alone),
+                   "flop_per_s": flops / alone.median_s, "link_bytes": sizes,
+                   "all_reduce_s": per_call}
+    try:
+        fit = C.fit_alpha_beta(sizes, per_call, n_ranks=p)
+    except ValueError as error:
+        return [{**calibration, "error": str(error)}]
+    calibration.update(alpha_s=fit.alpha_s, bytes_per_s=fit.bytes_per_s)
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    cluster = planner.measured_cluster("these CPU ranks", flop_per_s=flops / alone.median_s,
+                                       dtype="fp32", link_bytes_per_s=fit.bytes_per_s,
+                                       per_node=p, memory_bytes=ram)
+    runs = {("dp", 1): ({"dp_replicate": p},
+                        timing_fields(_slowest([q["dp"]["times"] for q in per_rank])))}
+    for r in measured:
+        if r["kind"] == "fsdp" and r["variant"] == "ours, prefetch":
+            runs[("fsdp", 1)] = ({"dp_shard": p}, r["step"])
+        elif r["kind"] == "tp" and r["variant"] == "ours":
+            runs[("tp", 1)] = ({"tp": p}, r["step"])
+        elif r["kind"] == "bubble" and r["schedule"] == "1f1b":
+            runs[("1f1b", r["microbatches"])] = ({"pp": p}, r["span"])
+    out = [calibration]
+    for (kind, m), (axes, step) in runs.items():
+        dims = P.ParallelDims(**axes, world_size=p)
+        plan = planner.evaluate(cfg, cluster, dims, batch=s.batch, seq=s.seq, microbatches=m,
+                                recipe="fp32_adamw", dtype="fp32")
+        out.append({"kind": "planner", "run": kind if kind != "1f1b" else f"1f1b, m = {m}",
+                    "mesh": planner.mesh_text(dims), "microbatches": m, "step": step,
+                    "predicted_s": plan.step_s, "serial_s": plan.serial_step_s,
+                    "compute_s": plan.compute_s,
+                    "bubble_s": plan.bubble_s, "exposed_s": sum(plan.exposed_s.values())})
+    return out
 
 
 # --- reading the rows (live or recorded) ----------------------------------------------------------
@@ -212,14 +276,59 @@ def verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
                                                if k.startswith("tp")}))
     text["bytes"] = (f"our FSDP and TP sent {'exactly' if exact else 'not'} the bytes "
                      "accounting.parallel predicts")
+    text["planner"] = planner_verdict(rows)
     return text
+
+
+def calibration(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return next(r for r in rows if r["kind"] == "calibration")
+
+
+def planner_table(rows: list[dict[str, Any]]) -> Table:
+    """The planner's predicted step beside the measured one, with its terms, for every mesh."""
+    out = [[r["run"], num(r["step"]["median_s"] * 1e3), num(r["predicted_s"] * 1e3),
+            f"{r['predicted_s'] / r['step']['median_s']:.2f}", num(r["serial_s"] * 1e3),
+            num(r["compute_s"] * 1e3), num(r["bubble_s"] * 1e3), num(r["exposed_s"] * 1e3)]
+           for r in rows if r["kind"] == "planner"]
+    return Table([f"run ({setup(rows)['world_size']} ranks)",
+                  "measured ms", "planner ms", "planner / measured", "no overlap ms",
+                  "compute ms", "bubble ms", "exposed comms ms"], out)
+
+
+def planner_verdict(rows: list[dict[str, Any]]) -> str:
+    """How far the calibrated planner's steps were from the measured ones, and how many pairs of
+    runs it put in the measured order; withheld when a step or the calibration was noisy."""
+    cal = calibration(rows)
+    if "error" in cal:
+        return f"no verdict: the all-reduce times gave no link to calibrate on ({cal['error']})"
+    runs = [r for r in rows if r["kind"] == "planner"]
+    ratio = {r["run"]: r["predicted_s"] / r["step"]["median_s"] for r in runs}
+    pairs = [(a, b) for i, a in enumerate(runs) for b in runs[i + 1:]]
+    agree = sum((a["predicted_s"] - b["predicted_s"]) * (a["step"]["median_s"]
+                                                         - b["step"]["median_s"]) > 0
+                for a, b in pairs)
+    low, high = min(ratio, key=ratio.get), max(ratio, key=ratio.get)
+    between = sum(r["predicted_s"] <= r["step"]["median_s"] <= r["serial_s"] for r in runs)
+    above = sum(r["step"]["median_s"] > r["serial_s"] for r in runs)
+    timings = {r["run"]: timing_of(r["step"]) for r in runs}
+    timings["one rank alone"] = timing_of(cal["alone"])
+    return verdict(
+        f"calibrated on {cal['flop_per_s'] / 1e9:.1f} GFLOP/s per rank and a "
+        f"{cal['bytes_per_s'] / 1e9:.2f} GB/s link (its {cal['alpha_s'] * 1e6:.0f} us latency "
+        f"left out, as the planner leaves latency out), the planner's steps ran from "
+        f"{ratio[low]:.2f}x the measured one ({low}) to {ratio[high]:.2f}x ({high}); "
+        f"{between} of {len(runs)} measured steps lay between its prediction and the same with "
+        f"no overlap, {above} above both; it put {agree} of {len(pairs)} pairs of runs in the "
+        "measured order",
+        bench.noise_problems(timings))
 
 
 EXPERIMENT = Experiment(
     name="parallel_step",
     chapter="09_parallelism",
-    description="pipeline bubble (GPipe, 1F1B) vs (p-1)/(m+p-1); FSDP vs FSDP2; TP vs DTensor",
-    gpu_seconds=90,
+    description="pipeline bubble (GPipe, 1F1B) vs (p-1)/(m+p-1); FSDP vs FSDP2; TP vs DTensor; "
+                "the planner calibrated and checked against every mesh",
+    gpu_seconds=120,
     sizes=SIZES,
     run=run,
 )
