@@ -502,11 +502,11 @@ plt.show()
 # periodically be promoted to a higher precision" ([cuBLAS,
 # `CUBLASLT_MATMUL_DESC_FAST_ACCUM`](https://docs.nvidia.com/cuda/cublas/); PyTorch exposes it as
 # `_scaled_mm(..., use_fast_accum=True)`). The DeepSeek-V3 report measured it
-# ([§3.3.2](https://arxiv.org/abs/2412.19437)): on H800 the fp8 tensor-core accumulation keeps about
-# 14 bits, not fp32's 24, and a $K = 4096$ GEMM of random matrices had a maximum relative error near
-# 2%; DeepSeek therefore copies the partial sums to fp32 registers on the CUDA cores every 128
-# elements of $K$. That is an accumulation problem, like the fp16 loop above; loss scaling (range)
-# would not touch it. A GPU run of this experiment measures both fp8 modes.
+# ([§3.3.2](https://arxiv.org/abs/2412.19437)): on H800 the fp8 tensor-core accumulation keeps
+# about 14 bits, not fp32's 24, and a $K = 4096$ GEMM of random matrices had a maximum relative
+# error near 2%; DeepSeek therefore copies the partial sums to fp32 registers on the CUDA cores
+# every 128 elements of $K$. That is an accumulation problem, like the fp16 loop above; loss scaling
+# (range) would not touch it. A GPU run of this experiment measures both fp8 modes.
 
 # %%
 records = experiments.recorded("dot_accumulation")

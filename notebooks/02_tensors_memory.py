@@ -592,9 +592,10 @@ Table(["recipe", "states (GB)", "activations (GB)", "per GPU, replicated (GB)",
 # as in fp32 ({glue:text}`q4_states_ratio:.2f`× saving), and with fp32 gradients it is 18
 # ({glue:text}`q4_states_ratio18:.2f`×, a loss). Only the activations shrink, so the saving depends
 # on how large they are next to the states: with one sequence per GPU it is
-# {glue:text}`q4_saving_1:.2f`×, with {glue:text}`q3_batch` sequences {glue:text}`q4_saving_b:.2f`×;
-# it reaches 1.5× only from {glue:text}`q4_batch_15` sequences per GPU, and never 2×: even the
-# activations shrink only {glue:text}`q4_act_ratio:.2f`× (not every saved tensor is a 16-bit float).
+# {glue:text}`q4_saving_1:.2f`×, with {glue:text}`q3_batch` sequences
+# {glue:text}`q4_saving_b:.2f`×; it reaches 1.5× only from {glue:text}`q4_batch_15` sequences per
+# GPU, and never 2×: even the activations shrink only {glue:text}`q4_act_ratio:.2f`× (not every
+# saved tensor is a 16-bit float).
 # ```
 
 # %% tags=["hide-cell"]

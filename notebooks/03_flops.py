@@ -184,7 +184,8 @@ print(f"({m} x {k}) @ ({k} x {n}): counter {counter.get_total_flops():,} = 2mnk"
 # - the weight gradient, $\partial L/\partial W = X^\top (\partial L/\partial Y)$:
 #   $2\,d_\text{in}\,t\,d_\text{out}$.
 #
-# So **backward = 2 × forward** and forward + backward = 3 × forward, 6 FLOPs per weight per token.
+# So **backward = 2 × forward** and forward + backward = 3 × forward, 6 FLOPs per weight per
+# token.
 #
 # ```{literalinclude} ../lib/mlsys/accounting/flops.py
 # :pyobject: linear_backward_flops
@@ -207,8 +208,8 @@ print(f"forward {fwd:,}, backward {bwd:,} (2x)")
 
 # %% [markdown]
 # (When a layer's input needs no gradient, like raw data entering the first layer, autograd skips
-# $\partial L/\partial X$ and the backward costs 1 × forward; in a transformer that happens nowhere,
-# since the first projections read the trainable embedding's output.)
+# $\partial L/\partial X$ and the backward costs 1 × forward; in a transformer that happens
+# nowhere, since the first projections read the trainable embedding's output.)
 #
 # ## Every component of a transformer block
 #
@@ -237,12 +238,14 @@ formulas = {  # component: (formula as text, the same formula evaluated here, no
     "v_proj": ("2·B·T·D²", 2 * B * T * D * D), "o_proj": ("2·B·T·D²", 2 * B * T * D * D),
     "attention_scores": ("2·B·T²·D", 2 * B * T * T * D),
     "attention_values": ("2·B·T²·D", 2 * B * T * T * D),
-    "ffn_w1": ("2·B·T·D·F", 2 * B * T * D * Fd), "ffn_w3": ("2·B·T·D·F", 2 * B * T * D * Fd),
+    "ffn_w1": ("2·B·T·D·F", 2 * B * T * D * Fd),
+    "ffn_w3": ("2·B·T·D·F", 2 * B * T * D * Fd),
     "ffn_w2": ("2·B·T·F·D", 2 * B * T * Fd * D),
     # elementwise estimates: norms 4 per element (x2 norms), RoPE 3 (q and k), scale 1 and
     # softmax 5 per score, SwiGLU's gate 6 per hidden unit, two residual adds
     "norms": ("2·4·B·T·D", 2 * 4 * B * T * D), "rope": ("2·3·B·T·D", 2 * 3 * B * T * D),
-    "attention_scale": ("1·B·H·T²", B * H * T * T), "softmax": ("5·B·H·T²", 5 * B * H * T * T),
+    "attention_scale": ("1·B·H·T²", B * H * T * T),
+    "softmax": ("5·B·H·T²", 5 * B * H * T * T),
     "swiglu_gate": ("6·B·T·F", 6 * B * T * Fd), "residual": ("2·B·T·D", 2 * B * T * D),
 }
 block_total = lf.matmul_flops + lf.elementwise_flops

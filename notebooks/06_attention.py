@@ -359,10 +359,10 @@ glue("big_seq", f"{n_big:,}")
 # At {glue:text}`big_seq` tokens the causal kernel computes {glue:text}`tiled_share:.2f`% of the
 # dense pairs (the exact triangle is {glue:text}`exact_share:.2f`%; the diagonal tiles are computed
 # whole). Keeping $P$ would cost {glue:text}`p_mb:,.0f` MB per head in bf16, read back in the
-# backward; recomputing it costs matmuls instead: the backward does {glue:text}`bwd_stored:.1f`× the
-# forward's FLOPs with $P$ stored, {glue:text}`bwd_atomic:.1f`× with atomics and
-# {glue:text}`bwd_separate:.1f`× with the book's separate $dQ$ kernel. FLOPs are cheap next to $n^2$
-# bytes: the recomputation is what makes the backward fit and what makes it fast.
+# backward; recomputing it costs matmuls instead: the backward does {glue:text}`bwd_stored:.1f`×
+# the forward's FLOPs with $P$ stored, {glue:text}`bwd_atomic:.1f`× with atomics and
+# {glue:text}`bwd_separate:.1f`× with the book's separate $dQ$ kernel. FLOPs are cheap next to
+# $n^2$ bytes: the recomputation is what makes the backward fit and what makes it fast.
 #
 # ## Measurement
 #
@@ -485,6 +485,7 @@ bounds = {"naive": (A.attention_forward_flops(1, heads_1, n_1, n_1, d_1) / peak_
           "tiled": (f_1 / peak_1, flash_io.total_bytes / bw_1)}
 t_naive, t_flash = (max(b_) for b_ in bounds.values())
 assert bounds["naive"][1] > bounds["naive"][0] and t_naive > 5 * t_flash
+glue("q1_speedup", t_naive / t_flash)
 glue("q1_naive_bound", "memory-bound" if bounds["naive"][1] > bounds["naive"][0]
      else "compute-bound")
 glue("q1_flash_bound", "its bytes take longer than its FLOPs: memory-bound by this count, which "
@@ -506,8 +507,8 @@ for name, value in {"q1_naive_gb": naive_keep / 1e9, "q1_flash_mb": flash_keep /
 # {glue:text}`q1_naive_io:.0f` GB (every eager op reads and writes an $n \times n$ matrix), the
 # tiled kernel {glue:text}`q1_flash_io:.1f` GB. (c) Naive: at least {glue:text}`q1_t_naive:.1f` ms,
 # {glue:text}`q1_naive_bound`. Tiled: {glue:text}`q1_flash_flop_ms:.1f` ms of FLOPs and
-# {glue:text}`q1_flash_byte_ms:.1f` ms of bytes; {glue:text}`q1_flash_bound`. Either way it is
-# several times faster than naive's bound.
+# {glue:text}`q1_flash_byte_ms:.1f` ms of bytes; {glue:text}`q1_flash_bound`. Either way its bound
+# is {glue:text}`q1_speedup:.0f` times below naive's.
 # ```
 #
 # ### Q2 [Find the error]

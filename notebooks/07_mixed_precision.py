@@ -133,8 +133,8 @@ assert 0.5 < mixed_total / fp32_total < 1
 Table(["recipe", "model states (GB)", "saved activations (GB)", "sum (GB)"], napkin_rows)
 
 # %% [markdown]
-# The mixed recipe's sum is {glue:text}`mixed_over_fp32:.2f`× fp32's: "half the bytes" holds for the
-# activations (RMSNorm keeps its statistics in fp32, so not quite), not for the step.
+# The mixed recipe's sum is {glue:text}`mixed_over_fp32:.2f`× fp32's: "half the bytes" holds for
+# the activations (RMSNorm keeps its statistics in fp32, so not quite), not for the step.
 #
 # ### What fp16's range and bf16's precision cost
 #

@@ -144,12 +144,7 @@ glue("ar_verdict", allreduce_bench.third_party_verdict(SEED_GPU))
 glue("seed_fit_err", 100 * max(abs(e) for e in seed_fit.relative_errors))
 glue("nvlink3_gb", nvlink3.bytes_per_s / 1e9)
 glue("nvlink3_both", 2 * nvlink3.bytes_per_s / 1e9)
-Table(["ranks", "MiB", "their mean ms", "their 'GB/s'", "algbw GB/s", "busbw GB/s",
-       "busbw GiB/s", "2-rank fit ms"],
-      [[r["world_size"], num(r["message_bytes"] / MIB) + ("" if r["size_stated"] else "*"),
-        num(r["mean_s"] * 1e3), r["claimed_gb_per_s"], num(r["algbw_bytes_per_s"] / 1e9),
-        num(r["busbw_bytes_per_s"] / 1e9), num(r["busbw_bytes_per_s"] / GIB),
-        num(r["fit_2_ranks_s"] * 1e3) if r["fit_2_ranks_s"] else ""] for r in ar_rows])
+allreduce_bench.third_party_table(ar_rows)
 
 # %% [markdown]
 # (*: the 6-rank block lost its header; its size is the one that reproduces its bandwidth.) Read
@@ -250,12 +245,7 @@ for name, value in {
         "xl_slower_bwd_ms": (overlap_run["backward_s"] - naive_run["backward_s"]) * 1e3,
         "xl_saved_ms": (naive_run["step_s"] - overlap_run["step_s"]) * 1e3}.items():
     glue(name, value)
-Table(["their run", "--ddp-mode", "step ms", "backward ms", "communication ms",
-       "predicted: naive", "flat", "25 MiB buckets, overlapped"],
-      [[r["label"], r["mode_flag"] or "not shown", num(r["step_s"] * 1e3),
-        num(r["backward_s"] * 1e3), num(r["communication_s"] * 1e3),
-        num(r["predicted_naive_s"] * 1e3), num(r["predicted_flat_s"] * 1e3),
-        num(r["predicted_bucketed_s"] * 1e3)] for r in xl_rows])
+ddp_step.third_party_table(xl_rows)
 
 # %% [markdown]
 # Their naive run spent {glue:text}`xl_naive_ms:.1f` ms communicating,
@@ -282,51 +272,37 @@ Table(["their run", "--ddp-mode", "step ms", "backward ms", "communication ms",
 
 # %%
 ready = xl_sizes[::-1]  # the backward meets the last layers first
+fast_sizes = [b // 2 for b in ready]  # bf16
 bwd_fast = 2 * flops.transformer_flops(cfg, XL_BATCH, XL_SEQ).forward_matmul_flops / \
     FAST.peak_flop_per_s("bf16")
-scenarios = {"seed: 2 A100s, fp32, their backward": (ready, overlap_run["backward_s"], ab),
-             "2 H100s, bf16, backward at peak": ([b // 2 for b in ready], bwd_fast, {
-                 "alpha_s": seed_fit.alpha_s, "bytes_per_s": hardware.LINKS["nvlink4"]
-                 .bytes_per_s})}
-sweep = {name: [] for name in scenarios}
-for name, (sizes, backward, model) in scenarios.items():
-    for cap in BUCKET_CAPS_MIB:
-        groups = [sum(sizes[i] for i in g) for g in C.buckets(sizes, cap * MIB)]
-        exposed = C.overlap_exposed_s(groups, backward, WORLD, **model)
-        tail, queue = C.exposed_bounds_s(groups, backward, WORLD, **model)
-        assert exposed >= max(tail, queue) * (1 - 1e-9)
-        sweep[name].append((cap, len(groups), tail, queue, exposed))
-fast_sizes, _, fast_model = scenarios["2 H100s, bf16, backward at peak"]
-_, best_s = C.best_bucket_cap(fast_sizes, bwd_fast, WORLD, caps_bytes=[
-    c * MIB for c in BUCKET_CAPS_MIB], **fast_model)
+caps = [c * MIB for c in BUCKET_CAPS_MIB]
+fast_model, pcie = ({"alpha_s": seed_fit.alpha_s, "bytes_per_s": hardware.LINKS[k].bytes_per_s}
+                    for k in ("nvlink4", "pcie5"))
+sweep = {"seed: 2 A100s, fp32, their backward": C.bucket_sweep(
+             ready, overlap_run["backward_s"], WORLD, caps_bytes=caps, **ab),
+         "2 H100s, bf16, backward at peak": C.bucket_sweep(
+             fast_sizes, bwd_fast, WORLD, caps_bytes=caps, **fast_model)}
+assert all(p.exposed_s >= max(p.tail_s, p.queue_s) * (1 - 1e-9) for s in sweep.values() for p in s)
 fast_sweep = sweep["2 H100s, bf16, backward at peak"]
-assert best_s < min(fast_sweep[0][4], fast_sweep[-1][4])  # neither extreme is best
-valley = [c for c, _, _, _, e in fast_sweep if e <= 1.01 * best_s]
+best_s = min(p.exposed_s for p in fast_sweep)
+assert best_s < min(fast_sweep[0].exposed_s, fast_sweep[-1].exposed_s)  # neither extreme is best
+valley = [p.cap_bytes / MIB for p in fast_sweep if p.exposed_s <= 1.01 * best_s]
 assert 25 in valley and math.isclose(best_s, C.collective_time_s(  # the tail: the embedding
     "all_reduce", fast_sizes[-1], WORLD, **fast_model))
-glue("bwd_fast_ms", bwd_fast * 1e3)
-glue("fast_comm_ms", C.all_reduces_s([sum(fast_sizes)], WORLD, **fast_model) * 1e3)
-glue("valley", " to ".join(dict.fromkeys(num(c) for c in (valley[0], valley[-1]))))
-pcie = {"alpha_s": seed_fit.alpha_s, "bytes_per_s": hardware.LINKS["pcie5"].bytes_per_s}
-_, pcie_s = C.best_bucket_cap(fast_sizes, bwd_fast, WORLD, caps_bytes=[
-    c * MIB for c in BUCKET_CAPS_MIB], **pcie)
+_, pcie_s = C.best_bucket_cap(fast_sizes, bwd_fast, WORLD, caps_bytes=caps, **pcie)
 assert pcie_s > C.all_reduces_s([sum(fast_sizes)], WORLD, **pcie) - bwd_fast  # the queue rules
-glue("pcie_best_ms", pcie_s * 1e3)
-glue("best_ms", best_s * 1e3)
+for name, value in {"bwd_fast_ms": bwd_fast * 1e3, "pcie_best_ms": pcie_s * 1e3,
+                    "fast_comm_ms": C.all_reduces_s([sum(fast_sizes)], WORLD, **fast_model) * 1e3,
+                    "valley": " to ".join(dict.fromkeys(num(c) for c in (valley[0], valley[-1]))),
+                    "best_ms": best_s * 1e3}.items():
+    glue(name, value)
 Table(["cap MiB", "buckets", "tail ms", "queue ms", "exposed ms (H100s, bf16)"],
-      [[num(c), k, num(t * 1e3), num(q * 1e3), num(e * 1e3)] for c, k, t, q, e in fast_sweep])
+      [[num(p.cap_bytes / MIB), p.buckets, num(p.tail_s * 1e3), num(p.queue_s * 1e3),
+        num(p.exposed_s * 1e3)] for p in fast_sweep])
 
 # %% tags=["remove-input"]
 fig, ax = plotting.subplots(width=8.0, height=3.8)
-for color, (name, points) in zip(plotting.CYCLE, sweep.items(), strict=False):
-    caps = [p[0] for p in points]
-    ax.plot(caps, [p[4] * 1e3 for p in points], "o-", color=color, label=f"{name}: exposed")
-    ax.plot(caps, [p[2] * 1e3 for p in points], ":", color=color, label="tail")
-    ax.plot(caps, [p[3] * 1e3 if p[3] > 0 else math.nan for p in points], "--", color=color,
-            label="queue")
-plotting.finish(ax, title="communication left after the backward (model)",
-                xlabel="bucket cap (MiB)", ylabel="ms", logx=2, logy=True)
-ax.legend(fontsize=7, ncol=2, frameon=False, loc="upper center")
+C.plot_bucket_sweeps(sweep, ax)
 plt.show()
 
 # %% [markdown]
@@ -523,9 +499,10 @@ plt.show()
 # ### Buckets, PyTorch's DDP, accumulation and ZeRO, measured
 #
 # The same launch sweeps the bucket cap (the exposed communication measured, and modelled with this
-# run's α and β), runs our bucketed DDP and `torch.nn.parallel.DistributedDataParallel` alternately
-# step by step (the same 25 MiB buckets and weights), accumulates gradients over micro-batches,
-# and takes a step of ZeRO stages 0–2, reading what each rank holds from its tensors:
+# run's α and β), runs our bucketed DDP and `torch.nn.parallel.DistributedDataParallel`
+# alternately step by step (the same 25 MiB buckets and weights), accumulates gradients over
+# micro-batches, and takes a step of ZeRO stages 0–2, reading what each rank holds from its
+# tensors:
 
 # %%
 display(ddp_step.bucket_table(step_rows), ddp_step.accumulation_table(step_rows))

@@ -266,8 +266,8 @@ Table(["strategy", "states per device (GB)", "activations (GB)", "sent per step 
 # :pyobject: ring_attention
 # ```
 #
-# `mesh.parallelize` composes them in one order, PP → TP → CP → FSDP: FSDP last, so that it shards
-# the parameters the others have already cut.
+# `mesh.parallelize` composes them in one order, PP → TP → CP → FSDP: FSDP last, so that it
+# shards the parameters the others have already cut.
 #
 # ## Measurement
 #

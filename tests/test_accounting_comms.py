@@ -110,6 +110,29 @@ def test_buckets_and_the_overlap_model():
     assert C.overlap_exposed_s([100] * 100, 10.0, 2, **slow) == pytest.approx(10.1)
 
 
+def test_a_bucket_sweep_gives_each_caps_buckets_bounds_and_exposed_time():
+    sizes, slow = [100] * 100, {"alpha_s": 0.05, "bytes_per_s": 1e3}
+    assert C.bucket_bytes([3, 4, 5, 8, 1, 2], 8) == [7, 5, 8, 3]
+    points = C.bucket_sweep(sizes, 10.0, 2, caps_bytes=[100, 1_000, 10_000], **slow)
+    assert [(p.cap_bytes, p.buckets) for p in points] == [(100, 100), (1_000, 10), (10_000, 1)]
+    for p in points:
+        groups = C.bucket_bytes(sizes, p.cap_bytes)
+        assert p.exposed_s == pytest.approx(C.overlap_exposed_s(groups, 10.0, 2, **slow))
+        assert (p.tail_s, p.queue_s) == pytest.approx(C.exposed_bounds_s(groups, 10.0, 2, **slow))
+        assert p.exposed_s >= max(p.tail_s, p.queue_s) - 1e-12
+    best = min(points, key=lambda p: p.exposed_s)
+    assert C.best_bucket_cap(sizes, 10.0, 2, caps_bytes=[100, 1_000, 10_000], **slow) == (
+        best.cap_bytes, best.exposed_s)
+    ax = C.plot_bucket_sweeps({"slow": points}, _axes())
+    assert len(ax.lines) == 3 and ax.get_xlabel() == "bucket cap (MiB)"
+
+
+def _axes():
+    from mlsys import plotting
+
+    return plotting.subplots()[1]
+
+
 def test_accumulation_sends_once_per_optimizer_step_with_no_sync():
     each = C.accumulation_sent_bytes(1e9, 4, 8, sync_each_micro_batch=True)
     once = C.accumulation_sent_bytes(1e9, 4, 8, sync_each_micro_batch=False)

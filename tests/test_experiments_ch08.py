@@ -81,6 +81,9 @@ def test_the_seeds_all_reduce_table_fits_and_its_units_are_named():
     assert "148.26 'GB/s' at 2 ranks is 159 GB/s" in text
     assert "a bus bandwidth of 163 GB/s for an algorithm bandwidth of 109 GB/s" in text
     assert "51% of the A100 80GB SXM's 300 GB/s per direction" in text
+    table = allreduce_bench.third_party_table(rows)
+    assert len(table.rows) == 6 and sum(row[1].endswith("*") for row in table.rows) == sum(
+        not r["size_stated"] for r in rows)
 
 
 def test_ddp_step_counts_and_holds_what_the_accounting_says(step_rows):
@@ -158,6 +161,8 @@ def test_the_seeds_xl_run_predicted_from_its_own_all_reduce_table():
                                                                                       abs=0.001)
     assert third_party.CS336_STUDENT_DDP_CLAIMED_MB == pytest.approx(4 * 1_998_235_200 / 2**20,
                                                                      abs=0.01)
+    table = ddp_step.third_party_table(rows)
+    assert [row[1] for row in table.rows] == [r["mode_flag"] or "not shown" for r in rows]
 
 
 def test_the_hand_written_ring_equals_all_reduce_and_sends_the_accounted_bytes():

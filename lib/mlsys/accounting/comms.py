@@ -241,22 +241,67 @@ def exposed_bounds_s(bucket_bytes: Sequence[float], backward_s: float, n_ranks: 
     return tail, max(queue, 0.0)
 
 
+def bucket_bytes(tensor_bytes: Sequence[int], cap_bytes: float) -> list[int]:
+    """The size of each bucket `buckets` makes, in bytes."""
+    sizes = checks.int_sequence(tensor_bytes, "tensor_bytes", minimum=0)
+    return [sum(sizes[i] for i in group) for group in buckets(sizes, cap_bytes)]
+
+
+@dataclass(frozen=True)
+class BucketPoint:
+    """One bucket cap of a sweep: its buckets, the two bounds and the exposed communication."""
+
+    cap_bytes: float
+    buckets: int
+    tail_s: float  # `exposed_bounds_s`
+    queue_s: float
+    exposed_s: float  # `overlap_exposed_s`
+
+
+def bucket_sweep(tensor_bytes: Sequence[int], backward_s: float, n_ranks: int, *,
+                 alpha_s: float, bytes_per_s: float,
+                 caps_bytes: Sequence[float]) -> list[BucketPoint]:
+    """Every cap of `caps_bytes`, the tensors (in the order they become ready) bucketed under it:
+    how many buckets, the tail and queue bounds, and the communication left after the backward."""
+    if not caps_bytes:
+        raise ValueError("caps_bytes must name at least one bucket cap")
+    ab = {"alpha_s": alpha_s, "bytes_per_s": bytes_per_s}
+    out = []
+    for cap in caps_bytes:
+        groups = bucket_bytes(tensor_bytes, cap)
+        tail, queue = exposed_bounds_s(groups, backward_s, n_ranks, **ab)
+        out.append(BucketPoint(float(cap), len(groups), tail, queue,
+                               overlap_exposed_s(groups, backward_s, n_ranks, **ab)))
+    return out
+
+
 def best_bucket_cap(tensor_bytes: Sequence[int], backward_s: float, n_ranks: int, *,
                     alpha_s: float, bytes_per_s: float,
                     caps_bytes: Sequence[float]) -> tuple[float, float]:
-    """The cap among `caps_bytes` whose buckets leave the least exposed communication, and that
-    time: (cap_bytes, exposed_s)."""
-    if not caps_bytes:
-        raise ValueError("caps_bytes must name at least one bucket cap")
-    sizes = checks.int_sequence(tensor_bytes, "tensor_bytes", minimum=0)
-    best = None
-    for cap in caps_bytes:
-        groups = [sum(sizes[i] for i in group) for group in buckets(sizes, cap)]
-        exposed = overlap_exposed_s(groups, backward_s, n_ranks, alpha_s=alpha_s,
-                                    bytes_per_s=bytes_per_s)
-        if best is None or exposed < best[1]:
-            best = (float(cap), exposed)
-    return best
+    """The cap among `caps_bytes` whose buckets leave the least exposed communication (the first
+    of equals), and that time: (cap_bytes, exposed_s)."""
+    best = min(bucket_sweep(tensor_bytes, backward_s, n_ranks, alpha_s=alpha_s,
+                            bytes_per_s=bytes_per_s, caps_bytes=caps_bytes),
+               key=lambda p: p.exposed_s)
+    return best.cap_bytes, best.exposed_s
+
+
+def plot_bucket_sweeps(sweeps: dict[str, list[BucketPoint]], ax):
+    """Exposed communication (and its tail and queue bounds, dotted and dashed) against the bucket
+    cap in MiB, one colour per sweep. Returns the axes."""
+    from mlsys import plotting
+
+    for color, (name, points) in zip(plotting.CYCLE, sweeps.items(), strict=False):
+        caps = [p.cap_bytes / 2**20 for p in points]
+        ax.plot(caps, [p.exposed_s * 1e3 for p in points], "o-", color=color,
+                label=f"{name}: exposed")
+        ax.plot(caps, [p.tail_s * 1e3 for p in points], ":", color=color, label="tail")
+        ax.plot(caps, [p.queue_s * 1e3 if p.queue_s > 0 else math.nan for p in points], "--",
+                color=color, label="queue")
+    plotting.finish(ax, title="communication left after the backward (model)",
+                    xlabel="bucket cap (MiB)", ylabel="ms", logx=2, logy=True)
+    ax.legend(fontsize=7, ncol=2, frameon=False, loc="upper center")
+    return ax
 
 
 def accumulation_sent_bytes(grad_bytes: float, n_ranks: int, micro_batches: int, *,

@@ -275,6 +275,21 @@ def third_party_rows() -> list[dict[str, Any]]:
     return out
 
 
+def third_party_table(rows: list[dict[str, Any]]) -> Table:
+    """The seed's all-reduce table (`third_party_rows`) with both bandwidths of each row and the
+    2-rank fit; a size the table lost is starred."""
+    def mib(r: dict[str, Any]) -> str:
+        return num(r["message_bytes"] / MIB) + ("" if r["size_stated"] else "*")
+
+    return Table(["ranks", "MiB", "their mean ms", "their 'GB/s'", "algbw GB/s", "busbw GB/s",
+                  "busbw GiB/s", "2-rank fit ms"],
+                 [[r["world_size"], mib(r),
+                   num(r["mean_s"] * 1e3), r["claimed_gb_per_s"],
+                   num(r["algbw_bytes_per_s"] / 1e9), num(r["busbw_bytes_per_s"] / 1e9),
+                   num(r["busbw_bytes_per_s"] / C.GIB),
+                   num(r["fit_2_ranks_s"] * 1e3) if r["fit_2_ranks_s"] else ""] for r in rows])
+
+
 def third_party_verdict(accelerator: hardware.Accelerator = hardware.A100_80GB_SXM) -> str:
     """What the seed's bandwidths are, and its 2-rank fit against `accelerator`'s link."""
     fit = third_party_fit()

@@ -117,7 +117,8 @@ def table(rows: list[dict[str, Any]]) -> Table:
     out = []
     for r in (r for r in rows if r["kind"] == "mode"):
         e = timing_of(r["eager"])
-        cells = [r["mode"], f"{num(e.median_s * 1e3)} ({num(e.p20_s * 1e3)}–{num(e.p80_s * 1e3)})"]
+        cells = [r["mode"],
+                 f"{num(e.median_s * 1e3)} ({num(e.p20_s * 1e3)}–{num(e.p80_s * 1e3)})"]
         if r["compiled"] is None:
             cells += ["not compiled in this profile", "-", "-"]
         else:

@@ -184,8 +184,8 @@ def doubling(rows: list[dict[str, Any]]) -> dict[int, float]:
 
 def table(rows: list[dict[str, Any]]) -> Table:
     m, t, d = model(rows), per_op(rows), doubling(rows)
-    return Table(["n (fp32 elements)", "measured µs / op", "model µs / op", "T(2n) / T(n) measured",
-                  "T(2n) / T(n) model"],
+    return Table(["n (fp32 elements)", "measured µs / op", "model µs / op",
+                  "T(2n) / T(n) measured", "T(2n) / T(n) model"],
                  [[f"{n:,}", num(t[n] * 1e6), num(m.time_s(n) * 1e6), f"{d[n]:.2f}",
                    f"{m.time_s(2 * n) / m.time_s(n):.2f}"] for n in d])
 

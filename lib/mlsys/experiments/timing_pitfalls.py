@@ -168,9 +168,9 @@ def sentences(rows: list[dict[str, Any]]) -> dict[str, str]:
                         "device has no events to compare (a CPU)")
     else:
         events = timing_of(clock["events"])
-        out["clock"] = (f"a tiny op: {num(host.median_s * 1e6)} µs by the synchronized host clock, "
-                        f"{num(events.median_s * 1e6)} µs by CUDA events: the host clock adds "
-                        f"{num((host.median_s - events.median_s) * 1e6)} µs of launch and "
+        out["clock"] = (f"a tiny op: {num(host.median_s * 1e6)} µs by the synchronized host "
+                        f"clock, {num(events.median_s * 1e6)} µs by CUDA events: the host clock "
+                        f"adds {num((host.median_s - events.median_s) * 1e6)} µs of launch and "
                         "synchronization to every sample")
     spread = timing_of(_row(rows, "spread"))
     mean = statistics.fmean(spread.samples_s)
