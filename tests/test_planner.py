@@ -172,7 +172,12 @@ def test_the_decision_map_is_the_planners_first_choice():
     assert "tp" in planner.family(choices[(1, 1024)].dims)  # one sequence: cut the model
     assert planner.family(choices[(64, 1024)].dims) == "fsdp"  # 8 sequences per GPU: FSDP
     nothing = planner.first_choices(P.XXL, "tpu-v5p", n_devices=1, batches=(1,), seqs=(1024,))
-    assert nothing == {(1, 1024): None}
+    assert nothing == {(1, 1024): None}  # a mesh, but it does not fit
+    with pytest.raises(planner.NoValidMesh, match="n_heads"):
+        planner.plan(SMALL, H100, n_devices=8, batch=1, seq=1024, fixed={"tp": 8})
+    invalid = planner.first_choices(SMALL, H100, n_devices=8, batches=(1,), seqs=(1024,),
+                                    fixed={"tp": 8})
+    assert invalid == {(1, 1024): None}  # 12 heads do not split 8 ways
     ax = planner.plot_first_choices({**choices, (64, 2048): None})
     texts = [t.get_text() for t in ax.texts]
     assert len(texts) == 5 and "nothing fits" in texts

@@ -42,6 +42,10 @@ from mlsys.dtypes import bytes_per_element
 GB = 1e9
 
 
+class NoValidMesh(ValueError):
+    """No factorization of the devices is valid for the model and batch (`meshes`)."""
+
+
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -170,7 +174,7 @@ def meshes(cfg, cluster: hardware.Cluster, *, n_devices: int, batch: int, seq: i
         out.append(dims)
     if not out:
         why = f"; for example: {first_error}" if first_error else ""
-        raise ValueError(f"no mesh of {n} devices is valid for this model and batch{why}")
+        raise NoValidMesh(f"no mesh of {n} devices is valid for this model and batch{why}")
     return out
 
 
@@ -311,15 +315,14 @@ def mesh_text(dims: P.ParallelDims) -> str:
 def first_choices(cfg, cluster: str | hardware.Cluster, *, n_devices: int, batches, seqs,
                   **options) -> dict[tuple[int, int], Plan | None]:
     """The planner's first choice for every (global batch, seq) pair, None where no mesh fits or
-    none is valid; `options` as for `plan`. `cfg.context_length` must cover every seq."""
+    none is valid (`NoValidMesh`; other errors propagate); `options` as for `plan`.
+    `cfg.context_length` must cover every seq."""
     out: dict[tuple[int, int], Plan | None] = {}
     for seq in seqs:
         for batch in batches:
             try:
                 plans = plan(cfg, cluster, n_devices=n_devices, batch=batch, seq=seq, **options)
-            except ValueError as error:
-                if "no mesh" not in str(error):
-                    raise
+            except NoValidMesh:
                 plans = []
             out[(batch, seq)] = plans[0] if plans and plans[0].fits else None
     return out
