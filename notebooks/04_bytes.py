@@ -280,12 +280,8 @@ Table(["quantity", "the one-pager", "correct", "why"], [
 # roof for elementwise arithmetic):
 
 # %%
-ridge_rows = []
-for acc in hardware.ACCELERATORS.values():
-    cells = [acc.name, f"{acc.hbm_bytes_per_s / 1e12:.3g}"]
-    cells += [f"{acc.ridge_intensity(dt):,.0f}" if dt in acc.dense_flop_per_s else "-"
-              for dt in ("fp32", "bf16", "fp8")]
-    ridge_rows.append(cells)
+ridge_header, ridge_rows = roofline.ridge_table(hardware.ACCELERATORS.values(),
+                                                ("fp32", "bf16", "fp8"))
 gpus = [hardware.get(k) for k in ("a100", "h100", "h200", "b200")]
 ridges = [g.ridge_intensity("bf16") for g in gpus]
 steps = [f"{'rises' if b > a else 'falls'} to {b:.0f} ({g.name})"
@@ -301,7 +297,7 @@ for name, value in {"a100_ridge": a100.ridge_intensity("fp16"),
                     "a100_tb_rounded": a100_bw_rounded / 1e12,
                     "a100_tflops": a100.peak_flop_per_s("fp16") / 1e12}.items():
     glue(name, value)
-Table(["device", "HBM TB/s", "ridge fp32 (FLOP/B)", "ridge bf16", "ridge fp8"], ridge_rows)
+Table(ridge_header, ridge_rows)
 
 # %% [markdown]
 # The bf16 ridge goes {glue:text}`ridge_path` FLOP/byte: it {glue:text}`ridge_monotone`. The A100's

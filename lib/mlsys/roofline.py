@@ -137,3 +137,26 @@ def position(measured_s: float, predicted: Estimate, *, near: float = 1.5) -> st
     if ratio <= near:
         return f"at the {roof} ({ratio:.2f}x the predicted time)"
     return f"{ratio:.1f}x slower than the {roof} predicts"
+
+
+def ridge_table(accelerators: Iterable[Accelerator], dtypes: Iterable[str], *,
+                peaks: bool = False) -> tuple[list[str], list[list[str]]]:
+    """(header, rows) of each accelerator's HBM bandwidth (TB/s) and ridge point peak / bandwidth
+    (FLOP/byte) for each dtype, "-" where it has no dense peak for one; with `peaks`, each dense
+    peak (TFLOP/s) before its ridge. For `book.Table` or `book.markdown_table`."""
+    from mlsys.book import num
+
+    kinds = list(dtypes)
+    header = ["device", "HBM TB/s"]
+    for dt in kinds:
+        header += [f"{dt} TFLOP/s", f"ridge {dt}"] if peaks else [f"ridge {dt} (FLOP/B)"]
+    rows = []
+    for acc in accelerators:
+        cells = [acc.name, num(acc.hbm_bytes_per_s / 1e12)]
+        for dt in kinds:
+            known = dt in acc.dense_flop_per_s
+            if peaks:
+                cells.append(num(acc.peak_flop_per_s(dt) / 1e12, 4) if known else "-")
+            cells.append(f"{acc.ridge_intensity(dt):,.0f}" if known else "-")
+        rows.append(cells)
+    return header, rows
