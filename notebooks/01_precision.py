@@ -125,14 +125,17 @@ Table(["format", "bits", "exp", "mant", "bias", "max", "smallest normal", "small
 # ### The bits of a few numbers
 #
 # `decompose` rounds a number to a format and splits the stored value into its fields; the cell
-# checks each pattern against the bits torch stores.
+# checks each pattern against the bits torch stores. e4m3 saturates: a number past its largest
+# becomes the largest, as torch 2.13's cast does (torch 2.11's gives NaN; `saturating_cast`
+# clamps first there).
 
 # %%
 bit_rows = []
 for x in [1.0, 0.1, -2.5, 0.01, 65504.0, 1e-8]:
     for name in ["fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2"]:
         b, f = P.decompose(x, name), P.FORMATS[name]
-        stored = torch.tensor([x]).to(f.dtype).view(INT_VIEW[f.bits]).item() % 2**f.bits
+        cast = P.saturating_cast(torch.tensor([x]), name)  # torch's cast, saturating in e4m3
+        stored = cast.view(INT_VIEW[f.bits]).item() % 2**f.bits
         assert int(b.pattern.replace(" ", ""), 2) == stored and b.reconstruct() == b.value
         exponent = "-" if b.unbiased_exponent is None else b.unbiased_exponent
         bit_rows.append([x, name, b.pattern, b.kind, exponent, repr(b.value)])

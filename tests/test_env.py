@@ -65,6 +65,18 @@ def test_setup_triton_respects_an_explicit_choice(monkeypatch):
     assert not env.triton_interpreted()
 
 
+@pytest.mark.skipif(not env.has_triton(), reason="triton is not installed (it is Linux-only)")
+def test_the_interpreter_fix_is_for_triton_before_3_7_and_applied_once():
+    from importlib.metadata import version
+
+    from triton.runtime import interpreter
+
+    env.fix_triton_interpreter()  # setup_triton may have applied it already
+    patched = getattr(interpreter._patch_lang_tensor, "squeezes_scalars", False)
+    assert patched == (tuple(int(p) for p in version("triton").split(".")[:2]) < (3, 7))
+    assert env.fix_triton_interpreter() is False  # idempotent
+
+
 @pytest.mark.parametrize(
     "value", ["1", "true", "TRUE", "on", "yes", "y", "0", "false", "off", "no", "2", ""])
 def test_interpreter_flag_is_read_as_triton_reads_it(monkeypatch, value):

@@ -105,8 +105,8 @@ def test_shards_and_bytes_are_the_accountings(results):
             assert [k for _, k, _ in r[name]["shards"]] == [P.padded(u, 2) // 2 for u in units]
             assert r[name]["sent"] == pytest.approx(sum(expected.values()), rel=1e-12), name
             # per unit: all-gather before the forward and the backward, one reduce-scatter
-            assert r[name]["calls"] == {"all_gather_single": 2 * len(units),
-                                        "reduce_scatter_single": len(units)}
+            assert r[name]["calls"] == {comms.ALL_GATHER_SINGLE: 2 * len(units),
+                                        comms.REDUCE_SCATTER_SINGLE: len(units)}
     bf16, fp32 = (sum(P.fsdp_sent_bytes(units, 2, param_dtype=d).values()) for d in ("bf16",
                                                                                      "fp32"))
     assert bf16 < fp32  # bf16 gathers move half the weight bytes

@@ -110,8 +110,21 @@ def test_round_to_matches_torch_cast(name):
     signs = torch.where(torch.rand(3000, generator=g) < 0.5, -1.0, 1.0).double()
     x = (mags * signs).to(source)
     x = x[torch.isfinite(x)]
-    expected = x.to(f.dtype).double().tolist()
+    expected = P.saturating_cast(x, name).double().tolist()  # x.to(f.dtype) on torch 2.13
     assert [P.round_to(v, name) for v in x.tolist()] == expected
+
+
+def test_torch_fn_cast_saturates_or_gives_nan_as_detected():
+    cast = torch.tensor([460.0, 470.0, -1e4, math.inf]).to(torch.float8_e4m3fn).float().tolist()
+    if P.TORCH_FN_CAST_SATURATES:  # torch 2.13
+        assert cast == [448.0, 448.0, -448.0, 448.0]
+    else:  # torch 2.11: from max + ulp/2 = 464 on, NaN
+        assert cast[0] == 448.0 and all(math.isnan(v) for v in cast[1:])
+    x = torch.tensor([460.0, 470.0, -1e4, math.inf, -math.inf, 3.0])
+    assert P.saturating_cast(x, "fp8_e4m3").float().tolist() == [448.0, 448.0, -448.0, 448.0,
+                                                                  -448.0, 3.0]
+    assert math.isnan(P.saturating_cast(torch.tensor([math.nan]), "fp8_e4m3").float().item())
+    assert P.saturating_cast(torch.tensor([1e6]), "fp8_e5m2").float().item() == math.inf
 
 
 @pytest.mark.parametrize("name", SMALL_FORMATS)

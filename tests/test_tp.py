@@ -118,8 +118,8 @@ def test_bytes_are_the_accountings(results):
     # sequence parallel: each becomes an all-gather and a reduce-scatter (same bytes), plus the
     # gains' all-reduces and one all-gather at each end of the split stream
     sp_calls = results[0]["tp + sp"]["calls"]
-    assert sp_calls == {"all_gather_single": 4 * CFG.n_layers + 2,
-                        "reduce_scatter_single": 4 * CFG.n_layers,
+    assert sp_calls == {comms.ALL_GATHER_SINGLE: 4 * CFG.n_layers + 2,  # its name in this torch
+                        comms.REDUCE_SCATTER_SINGLE: 4 * CFG.n_layers,
                         "all_reduce": 2 * CFG.n_layers}
 
 

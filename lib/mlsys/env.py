@@ -101,12 +101,45 @@ def setup_triton() -> bool:
     With no CUDA device, kernels can only run in Triton's interpreter, which reads
     `TRITON_INTERPRET=1` when each `@triton.jit` function is *defined*. The kernel modules call this
     before defining theirs (importing `triton` itself earlier, as `torch.utils.flop_counter` does,
-    is harmless). An explicit `TRITON_INTERPRET` set by the user is left alone.
+    is harmless). An explicit `TRITON_INTERPRET` set by the user is left alone. Where kernels will
+    be interpreted, `fix_triton_interpreter` mends Triton 3.6's interpreter for NumPy 2.4.
     """
     if not has_triton():
         return False
     if device() != "cuda" and "TRITON_INTERPRET" not in os.environ:
         os.environ["TRITON_INTERPRET"] = "1"
+    if triton_interpreted():
+        fix_triton_interpreter()
+    return True
+
+
+def fix_triton_interpreter() -> bool:
+    """Make Triton < 3.7's interpreter turn a scalar into an index as Triton 3.7's does; returns
+    whether it patched (False on Triton 3.7 and later, or when already done).
+
+    Triton 3.6's interpreter converts a scalar (`tl.minimum(n, m)`, `tl.cdiv(...)`) used as a
+    `range`/`tl.range` bound with `int(data)`, data a NumPy array of shape (1,); NumPy 2.4 refuses
+    that ("only 0-dimensional arrays can be converted to Python scalars"), so flash attention's
+    and RMSNorm's backward kernels fail on a CPU. Triton 3.7 squeezes the array first; so does the
+    `__index__` installed here, after the interpreter's own, for each interpreted launch only.
+    """
+    from importlib.metadata import version
+
+    major_minor = tuple(int(p) for p in version("triton").split(".")[:2] if p.isdigit())
+    if major_minor >= (3, 7):
+        return False
+    from triton.runtime import interpreter
+
+    original = getattr(interpreter, "_patch_lang_tensor", None)
+    if original is None or getattr(original, "squeezes_scalars", False):
+        return False
+
+    def patch_lang_tensor(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.squeeze()))
+
+    patch_lang_tensor.squeezes_scalars = True
+    interpreter._patch_lang_tensor = patch_lang_tensor
     return True
 
 

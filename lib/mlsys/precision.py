@@ -130,6 +130,28 @@ def get_format(fmt: str | torch.dtype | FloatFormat, *, name: str = "fmt") -> Fl
     return FORMATS[short]
 
 
+def _torch_fn_cast_saturates() -> bool:
+    """Whether this torch's cast to float8_e4m3fn saturates out-of-range values at +-max."""
+    cast = torch.tensor([1000.0, -math.inf]).to(torch.float8_e4m3fn).float()
+    return bool(torch.isfinite(cast).all())
+
+
+TORCH_FN_CAST_SATURATES: bool = _torch_fn_cast_saturates()
+"""torch's cast to an fn format saturates (torch 2.13), as `round_to` does; torch 2.11's gives NaN
+for |x| >= max + ulp/2 (464 in e4m3) and for +-inf. `saturating_cast` saturates on both."""
+
+
+def saturating_cast(x: Tensor, fmt: str | torch.dtype | FloatFormat) -> Tensor:
+    """`x` cast to `fmt`'s torch dtype, rounded as `round_to` rounds: fn formats saturate at +-max
+    (clamped first where this torch's cast gives NaN, see `TORCH_FN_CAST_SATURATES`)."""
+    f = get_format(fmt)
+    if not isinstance(x, Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    if f.finite_only and not TORCH_FN_CAST_SATURATES:
+        x = x.clamp(-f.max, f.max)  # NaN stays NaN
+    return x.to(f.dtype)
+
+
 def format_table() -> list[dict[str, object]]:
     """One row per format: field widths and the derived range and precision (floats and ints)."""
     return [
@@ -194,7 +216,7 @@ def round_exact(x: Fraction, f: FloatFormat) -> Fraction | float:
 
 def round_to(x: float, fmt: str | torch.dtype | FloatFormat) -> float:
     """`x` rounded to nearest in `fmt` (ties to even), computed exactly; inf/NaN pass through
-    (fn formats saturate inf to max, as torch's cast does)."""
+    (fn formats saturate inf to max, as torch 2.13's cast does; see `saturating_cast`)."""
     f = get_format(fmt)
     if isinstance(x, bool) or not isinstance(x, numbers.Real):
         raise TypeError(f"x must be a real number, got {x!r} ({type(x).__name__})")

@@ -33,6 +33,7 @@ import bisect
 import contextlib
 import os
 import re
+import warnings
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -261,7 +262,11 @@ class Profile:
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         self.raw = torch.profiler.profile(activities=activities, profile_memory=self.record_memory)
         self._stack.enter_context(_quiet_kineto())
-        self._stack.enter_context(self.raw)
+        with warnings.catch_warnings():
+            # torch 2.11 warns "Profiler clears events at the end of each cycle" when any profiler
+            # starts (it checks after creating one); torch 2.13 only on a second cycle. One here.
+            warnings.filterwarnings("ignore", "Warning: Profiler clears events", UserWarning)
+            self._stack.enter_context(self.raw)
         if self.model is not None:
             self.modules = self._stack.enter_context(module_ranges(self.model, nvtx=cuda))
         return self

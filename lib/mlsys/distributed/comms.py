@@ -30,6 +30,30 @@ from torch import Tensor
 
 from mlsys.accounting.comms import collective_cost
 
+# torch 2.13 renamed all_gather_into_tensor and reduce_scatter_tensor to all_gather_single and
+# reduce_scatter_single (the old names still work and warn); torch 2.11 has only the old names.
+# The library calls whichever this torch has, through the two functions below; `count_bytes`
+# tallies the call under that name.
+ALL_GATHER_SINGLE = (
+    "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor")
+REDUCE_SCATTER_SINGLE = (
+    "reduce_scatter_single" if hasattr(dist, "reduce_scatter_single") else "reduce_scatter_tensor")
+
+
+def all_gather_single(output: Tensor, input: Tensor, group=None, async_op: bool = False):
+    """`dist.all_gather_single` (torch >= 2.13) or `dist.all_gather_into_tensor` (older): every
+    rank's `input` concatenated along dim 0 into `output`."""
+    gather = getattr(dist, ALL_GATHER_SINGLE)  # looked up per call: `count_bytes` replaces it
+    return gather(output, input, group=group, async_op=async_op)
+
+
+def reduce_scatter_single(output: Tensor, input: Tensor, group=None, async_op: bool = False):
+    """`dist.reduce_scatter_single` (torch >= 2.13) or `dist.reduce_scatter_tensor` (older): the
+    sum over ranks of `input`, this rank's 1/n of it (along dim 0) into `output`."""
+    scatter = getattr(dist, REDUCE_SCATTER_SINGLE)
+    return scatter(output, input, group=group, async_op=async_op)
+
+
 # function -> (collective of accounting.comms, the argument that names the message)
 COUNTED = {
     "all_reduce": ("all_reduce", "tensor"),

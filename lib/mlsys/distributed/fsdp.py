@@ -35,10 +35,11 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from mlsys.accounting.parallel import padded
+from mlsys.distributed.comms import all_gather_single, reduce_scatter_single
 
 
 def _all_gather(output: Tensor, shard: Tensor, group, async_op: bool = False):
-    return dist.all_gather_single(output, shard, group=group, async_op=async_op)
+    return all_gather_single(output, shard, group=group, async_op=async_op)
 
 
 def _check_module(module: object) -> nn.Module:
@@ -155,7 +156,7 @@ class FSDP:
         unit.full.grad = None
         self._free(unit)
         out = torch.empty(unit.shard.numel(), dtype=self.reduce_dtype, device=flat.device)
-        dist.reduce_scatter_single(out, flat, group=self.group)
+        reduce_scatter_single(out, flat, group=self.group)
         out.div_(self.n)
         if self.replicas > 1:
             dist.all_reduce(out, group=self.replicate_group)

@@ -197,8 +197,8 @@ def torch_pipeline_step(stage: PipelineStage, inputs: Tensor, targets: Tensor, *
 
     runner = kind(theirs, m, loss_fn=loss_fn)
     losses: list[Tensor] = []
-    if stage.is_first:
-        runner.step(inputs)
+    if stage.is_first:  # contiguous: torch 2.11's stage rejects a view's strides (x[:, :-1])
+        runner.step(inputs.contiguous())
     elif stage.is_last:
         runner.step(target=targets, losses=losses)
     else:

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from jaxtyping import Float
 from torch import Tensor, nn
 
+from mlsys.distributed.comms import all_gather_single, reduce_scatter_single
 from mlsys.distributed.fsdp import _check_module, check_group
 
 
@@ -52,7 +53,7 @@ def _gather_stack(x: Tensor, group) -> Tensor:
     """Every rank's `x`, stacked in rank order: (n, *x.shape)."""
     n, _ = _n_r(group)
     out = torch.empty((n * x.shape[0], *x.shape[1:]), dtype=x.dtype, device=x.device)
-    dist.all_gather_single(out, x.contiguous(), group=group)  # gloo: concatenated along dim 0
+    all_gather_single(out, x.contiguous(), group=group)  # gloo: concatenated along dim 0
     return out.view(n, *x.shape)
 
 
@@ -77,7 +78,7 @@ def _reduce_scatter_seq(x: Tensor, group) -> Tensor:
     pieces = x.reshape(x.shape[0], n, x.shape[1] // n, *x.shape[2:]).transpose(0, 1)
     out = torch.empty(pieces.shape[1:], dtype=x.dtype, device=x.device)
     flat = pieces.contiguous().view(n * out.shape[0], *out.shape[1:])  # gloo: pieces along dim 0
-    dist.reduce_scatter_single(out, flat, group=group)
+    reduce_scatter_single(out, flat, group=group)
     return out
 
 
@@ -266,7 +267,7 @@ def unsharded(named: dict[str, Tensor], module: nn.Module, group) -> dict[str, T
         owner = module.get_submodule(path)
         if isinstance(owner, ColumnParallelLinear):
             whole = torch.empty((n * t.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
-            dist.all_gather_single(whole, t.contiguous(), group=group)
+            all_gather_single(whole, t.contiguous(), group=group)
             out[name] = whole
         elif isinstance(owner, RowParallelLinear):
             out[name] = torch.cat(list(_gather_stack(t, group)), dim=1)
