@@ -1,32 +1,143 @@
-"""The experiments entry point and the ch03/ch04 experiments: smoke runs, records, reading
+"""The experiments entry point and the ch03/ch04 experiments: the preflight, records, reading
 functions.
 
-`python -m mlsys.experiments --smoke --all` runs once for the module (tiny sizes, records in a
-temporary directory); the tests read its records as a chapter reads a recorded GPU run.
+`python -m mlsys.experiments --check` runs once for the module (every kernel against its reference,
+every experiment at smoke sizes, nothing written); the tests read the records it built as a chapter
+reads a recorded GPU run.
 """
 
+import contextlib
+import dataclasses
+import io
 import json
+import os
 import subprocess
 import sys
 
 import pytest
 
-from mlsys import bench, experiments, results
+from mlsys import bench, env, experiments, results
 from mlsys.accounting import bytes as B
 from mlsys.accounting import flops
 from mlsys.experiments import __main__ as cli
-from mlsys.experiments import elementwise_fusion, op_overhead, roofline_ops, train_step
+from mlsys.experiments import elementwise_fusion, op_overhead, preflight, roofline_ops, train_step
+from mlsys.kernels._triton import HAS_TRITON
 
 MINE = ("roofline_ops", "elementwise_fusion", "op_overhead", "train_step", "fused_kernels")
 
 
+def _files(root):
+    return {p for p in root.rglob("*") if p.is_file()}
+
+
 @pytest.fixture(scope="module")
-def records(tmp_path_factory):
-    """Every experiment's smoke record, written by the command line as on a GPU machine."""
-    out = tmp_path_factory.mktemp("records")
-    paths = cli.main(["--smoke", "--all", "--out", str(out)])
-    assert {p.stem for p in paths} == set(experiments.NAMES)
-    return {p.stem: json.loads(p.read_text()) for p in paths}
+def checked():
+    """`--check` run once, as on a GPU machine before the real run: its rows, what it printed, and
+    the files it left under results/."""
+    before = _files(results.RESULTS_DIR)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        rows = cli.main(["--check"])
+    return {"rows": rows, "printed": printed.getvalue(),
+            "new_files": _files(results.RESULTS_DIR) - before}
+
+
+@pytest.fixture(scope="module")
+def records(checked):
+    """Every experiment's smoke record, built (not written) by `--check`, as JSON gives it back."""
+    return {r["check"]: json.loads(json.dumps(r["record"]))
+            for r in checked["rows"] if r["kind"] == "experiment"}
+
+
+# --- the preflight, --check -----------------------------------------------------------------------
+
+
+def test_check_runs_every_kernel_and_experiment_and_all_pass(checked):
+    rows = checked["rows"]
+    assert all(set(r) >= {"check", "kind", "ok", "seconds", "error"} for r in rows)
+    assert [r["check"] for r in rows if r["kind"] == "experiment"] == list(experiments.NAMES)
+    dtypes = ("bfloat16" if env.device() == "cuda" else "float16", "float32")
+    kernels = [f"{op} {d}" for op in ("softmax", "rmsnorm", "repeat_unary fma", "repeat_unary cos",
+                                      "flash_attention causal", "flash_attention full")
+               for d in dtypes]
+    assert [r["check"] for r in rows if r["kind"] == "kernel"] == kernels
+    for r in rows:
+        if r["kind"] == "kernel" and not HAS_TRITON:  # macOS, Windows: kernels cannot run
+            assert not r["ok"] and "Triton is not installed" in r["error"]
+        else:
+            assert r["ok"] and r["error"] == "", r
+        assert r["seconds"] >= 0
+    assert cli.exit_status(rows) == int(not HAS_TRITON)
+
+
+def test_check_prints_a_line_per_check_and_a_count(checked):
+    lines = checked["printed"].splitlines()
+    assert lines[0] == preflight.HEADER
+    assert lines[1:-1] == [preflight.row_line(r) for r in checked["rows"]]
+    passed = sum(r["ok"] for r in checked["rows"])
+    assert lines[-1].startswith(f"{passed} of {len(checked['rows'])} checks passed, "
+                                f"{len(checked['rows']) - passed} failed (")
+
+
+def test_check_writes_nothing_under_results(checked):
+    assert checked["new_files"] == set()
+
+
+def test_a_failing_check_is_a_row_and_the_others_still_run(monkeypatch):
+    """A kernel that computes wrongly, one that raises, an experiment that raises: each is a FAIL
+    row with a one-line error, and every other check still runs and passes."""
+    from mlsys.experiments import dot_accumulation
+    from mlsys.kernels import rmsnorm, softmax
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("out of memory\n" + "details " * 50)
+
+    monkeypatch.setattr(softmax, "softmax", lambda x: x * 1.0)
+    monkeypatch.setattr(rmsnorm, "rmsnorm", boom)
+    monkeypatch.setattr(dot_accumulation, "EXPERIMENT",
+                        dataclasses.replace(dot_accumulation.EXPERIMENT, run=boom))
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        rows = cli.main(["--check", "dot_accumulation", "autocast_dtypes"])
+    failed = {r["check"]: r["error"] for r in rows if not r["ok"]}
+    assert set(failed) == {"softmax float16", "softmax float32", "rmsnorm float16",
+                           "rmsnorm float32", "dot_accumulation"} or not HAS_TRITON
+    assert failed["softmax float32"].startswith(
+        "AssertionError: softmax y differs from float64: Tensor-likes are not close!")
+    assert failed["dot_accumulation"] == "RuntimeError: out of memory"
+    assert [r["check"] for r in rows if r["kind"] == "experiment"] == ["dot_accumulation",
+                                                                        "autocast_dtypes"]
+    assert rows[-1]["ok"] and rows[-2]["record"] is None
+    assert all(len(e) <= preflight.ERROR_CHARS and "\n" not in e for e in failed.values())
+    assert cli.exit_status(rows) == 1
+    assert "FAIL" in printed.getvalue() and f"{len(failed)} failed" in printed.getvalue()
+
+
+def test_error_line_is_one_short_line():
+    assert preflight.error_line(ValueError("x is wrong\nmore")) == "ValueError: x is wrong"
+    assert preflight.error_line(KeyError()) == "KeyError"
+    long = preflight.error_line(RuntimeError("y" * 500))
+    assert len(long) == preflight.ERROR_CHARS and long.endswith("...")
+
+
+@pytest.mark.skipif(env.device() == "cuda", reason="compiled Triton runs on this GPU")
+def test_the_check_exits_with_status_1_when_a_check_fails():
+    """Triton in compiled mode on a machine without a GPU: every kernel check fails."""
+    done = subprocess.run([sys.executable, "-m", "mlsys.experiments", "--check", "autocast_dtypes"],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TRITON_INTERPRET": "0"})
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "softmax float32                  kernel     FAIL" in done.stdout
+    assert "autocast_dtypes                  experiment pass" in done.stdout
+    assert " 12 failed (" in done.stdout.splitlines()[-1]
+
+
+def test_check_takes_no_out_or_force(capsys):
+    for extra in (["--out", "somewhere"], ["--force"]):
+        with pytest.raises(SystemExit):
+            cli.main(["--check", *extra])
+        assert "--check writes no record: --out and --force do not apply" in \
+            capsys.readouterr().err
 
 
 def test_every_experiment_is_registered_with_sizes_for_every_profile():
@@ -51,8 +162,12 @@ def test_smoke_records_are_valid_and_say_what_produced_them(records):
         results.validate_record(record, experiment=name)
         prov = record["provenance"]
         assert prov["profile"] == "smoke"
-        assert prov["command"].startswith("python -m mlsys.experiments --smoke")
-        assert prov["sizes"] and prov["device"]
+        assert (prov["device"], prov["device_type"]) == (env.device_name(), env.device())
+        assert prov["command"] == "python -m mlsys.experiments --check"
+        sizes = dataclasses.asdict(experiments.get(name).sizes_for("smoke"))
+        assert prov["sizes"] == json.loads(json.dumps(sizes))
+        with pytest.raises(ValueError, match="holds only full-size GPU records"):
+            results.validate_gpu_record(record, experiment=name)
 
 
 def test_the_command_line_refuses_what_cannot_be_trusted(capsys):
@@ -86,6 +201,63 @@ def test_write_and_read_back(tmp_path, records):
     device_dir = tmp_path / results.device_slug(record["provenance"]["device"])
     assert path == device_dir / "train_step.json"
     assert json.loads(path.read_text()) == record
+
+
+def _gpu(record):
+    """`record` as if measured at GPU sizes on an H100."""
+    provenance = {**record["provenance"], "device": "NVIDIA H100 80GB HBM3",
+                  "device_type": "cuda", "profile": "gpu"}
+    return {**record, "provenance": provenance}
+
+
+def test_only_gpu_records_go_under_results_and_are_read_back(tmp_path, monkeypatch, records):
+    monkeypatch.setattr(results, "RESULTS_DIR", tmp_path / "results")
+    smoke = records["train_step"]
+    for out in (None, tmp_path / "results", tmp_path / "results" / "sub" / ".."):
+        with pytest.raises(ValueError, match="profile='smoke' .* pass --out DIR"):
+            experiments.write(smoke, out)
+    cpu = {**smoke, "provenance": {**smoke["provenance"], "profile": "cpu"}}
+    with pytest.raises(ValueError, match="profile='cpu' on"):
+        experiments.write(cpu)
+    assert not (tmp_path / "results").exists()  # refused before anything was written
+    assert experiments.recorded("train_step") == []
+    path = experiments.write(_gpu(smoke))
+    assert path == tmp_path / "results" / "nvidia-h100-80gb-hbm3" / "train_step.json"
+    # a smoke record put there by hand is not shown as a GPU measurement
+    by_hand = tmp_path / "results" / "cpu" / "train_step.json"
+    by_hand.parent.mkdir()
+    by_hand.write_text(json.dumps(smoke))
+    assert experiments.recorded("train_step") == [_gpu(smoke)]
+
+
+def test_the_command_line_refuses_a_smoke_record_under_results(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(results, "RESULTS_DIR", tmp_path)
+    monkeypatch.setattr(experiments, "run_record", lambda *a: pytest.fail("ran an experiment"))
+    with pytest.raises(SystemExit):
+        cli.main(["--smoke", "train_step", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert f"profile='smoke' on '{env.device_name()}'" in err and "pass --out DIR" in err
+    assert _files(tmp_path) == set()
+
+
+def test_an_existing_record_is_replaced_only_with_force(tmp_path, capsys):
+    names = ["dot_accumulation", "autocast_dtypes"]
+    old = experiments.record_path("autocast_dtypes", env.device_name(), tmp_path)
+    old.parent.mkdir(parents=True)
+    old.write_text("{}")
+    with pytest.raises(SystemExit):  # refused before the first experiment runs
+        cli.main(["--smoke", *names, "--out", str(tmp_path)])
+    assert f"{old} exists; pass --force to overwrite it" in capsys.readouterr().err
+    assert _files(tmp_path) == {old} and old.read_text() == "{}"
+    paths = cli.main(["--smoke", *names, "--out", str(tmp_path), "--force"])
+    assert paths == [experiments.record_path(n, env.device_name(), tmp_path) for n in names]
+    for path in paths:
+        record = json.loads(path.read_text())
+        results.validate_record(record, experiment=path.stem)
+        assert record["provenance"]["command"] == (
+            f"python -m mlsys.experiments --smoke {' '.join(names)} --out {tmp_path} --force")
+    with pytest.raises(FileExistsError, match="pass --force"):
+        experiments.write(json.loads(paths[0].read_text()), tmp_path)
 
 
 # --- roofline_ops ---------------------------------------------------------------------------------

@@ -6,16 +6,50 @@ from mlsys import bench, results
 
 
 def _record():
+    """A smoke record of this machine."""
     return {
         "experiment": "copy_bandwidth",
-        "provenance": bench.provenance(),
+        "provenance": {**bench.provenance(), "profile": "smoke"},
         "results": [{"n_bytes": 1024, "median_s": 1e-6}],
     }
 
 
-def test_every_recorded_file_follows_the_schema():
-    for path in results.RESULTS_DIR.glob("*/*.json"):
-        results.validate_record(json.loads(path.read_text()), experiment=path.stem)
+def _gpu_record():
+    """A record as a full-size run on an H100 would write it."""
+    record = _record()
+    record["provenance"].update(device="NVIDIA H100 80GB HBM3", device_type="cuda", profile="gpu")
+    return record
+
+
+def recorded_file_problems(root):
+    """Why files under `root` do not belong in results/: one sentence per bad .json file."""
+    problems = []
+    for path in sorted(root.rglob("*.json")):
+        try:
+            results.validate_gpu_record(json.loads(path.read_text()), experiment=path.stem)
+        except ValueError as exc:
+            problems.append(f"{path.relative_to(root)}: {exc}")
+    return problems
+
+
+def test_every_recorded_file_is_a_valid_full_size_gpu_record():
+    assert recorded_file_problems(results.RESULTS_DIR) == []
+
+
+def test_the_recorded_file_check_refuses_a_smoke_or_cpu_record(tmp_path):
+    cases = (("smoke", "cpu"), ("cpu", "cpu"), ("gpu", "cpu"), ("smoke", "cuda"))
+    for profile, device_type in cases:
+        record = _gpu_record()
+        record["provenance"].update(profile=profile, device_type=device_type)
+        folder = tmp_path / f"{profile}-{device_type}"
+        folder.mkdir()
+        (folder / "copy_bandwidth.json").write_text(json.dumps(record))
+    (tmp_path / "h100").mkdir()
+    (tmp_path / "h100" / "copy_bandwidth.json").write_text(json.dumps(_gpu_record()))
+    problems = recorded_file_problems(tmp_path)
+    assert len(problems) == 4 and not any(p.startswith("h100") for p in problems)
+    assert problems[0].startswith("cpu-cpu/copy_bandwidth.json: record has profile='cpu' and "
+                                  "device_type='cpu'; results/ holds only full-size GPU records")
 
 
 def test_a_complete_record_is_valid():
@@ -29,6 +63,9 @@ def test_a_complete_record_is_valid():
         (lambda r: r.pop("results"), "lacks the key 'results'"),
         (lambda r: r["provenance"].pop("git_commit"), "provenance lacks git_commit"),
         (lambda r: r["provenance"].update(date=""), "provenance lacks date"),
+        (lambda r: r["provenance"].pop("profile"), "provenance lacks profile"),
+        (lambda r: r["provenance"].update(profile="fast"),
+         "provenance\\['profile'\\]='fast' must be one of smoke, cpu, gpu"),
         (lambda r: r.update(results=[]), "non-empty list"),
         (lambda r: r.update(results={"a": 1}), "non-empty list"),
         (lambda r: r.update(results=[{"a": 1}, 3]), "every entry of results must be an object"),
@@ -52,12 +89,42 @@ def test_broken_records_are_rejected(mutate, message):
 
 def test_write_and_load_round_trip(tmp_path, monkeypatch):
     monkeypatch.setattr(results, "RESULTS_DIR", tmp_path)
-    record = _record()
+    record = _gpu_record()
     path = results.write_record("copy_bandwidth", record["results"], record["provenance"])
-    assert path.parent.name == results.device_slug(record["provenance"]["device"])
-    assert results.load_records("copy_bandwidth")[0]["results"] == record["results"]
+    assert path == tmp_path / "nvidia-h100-80gb-hbm3" / "copy_bandwidth.json"
+    assert results.load_records("copy_bandwidth") == [record]
     with pytest.raises(ValueError, match="lower-case"):
         results.write_record("Copy Bandwidth", record["results"], record["provenance"])
+
+
+def test_only_full_size_gpu_records_are_written_under_results(tmp_path, monkeypatch):
+    monkeypatch.setattr(results, "RESULTS_DIR", tmp_path / "results")
+    record = _record()  # this machine, smoke profile
+    with pytest.raises(ValueError, match=r"profile='smoke' on '.+' \(device_type='\w+'\) "
+                       r"cannot go under .*results: .* pass --out DIR"):
+        results.write_record("copy_bandwidth", record["results"], record["provenance"])
+    assert not (tmp_path / "results").exists()  # refused before anything is written
+
+
+def test_a_record_is_overwritten_only_with_force(tmp_path, monkeypatch):
+    monkeypatch.setattr(results, "RESULTS_DIR", tmp_path)
+    first, second = _gpu_record(), _gpu_record()
+    second["results"] = [{"n_bytes": 2048, "median_s": 2e-6}]
+    path = results.write_record("copy_bandwidth", first["results"], first["provenance"])
+    with pytest.raises(FileExistsError, match=f"{path} exists; pass --force to overwrite it"):
+        results.write_record("copy_bandwidth", second["results"], second["provenance"])
+    assert json.loads(path.read_text()) == first
+    results.write_record("copy_bandwidth", second["results"], second["provenance"], force=True)
+    assert json.loads(path.read_text()) == second
+
+
+def test_loading_skips_records_that_are_not_full_size_gpu_runs(tmp_path, monkeypatch):
+    monkeypatch.setattr(results, "RESULTS_DIR", tmp_path)
+    for folder, record in (("cpu", _record()), ("h100", _gpu_record())):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "copy_bandwidth.json").write_text(json.dumps(record))
+    loaded = results.load_records("copy_bandwidth")
+    assert [r["provenance"]["device"] for r in loaded] == ["NVIDIA H100 80GB HBM3"]
 
 
 def test_device_slug():

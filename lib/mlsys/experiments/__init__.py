@@ -10,8 +10,10 @@ Each module `mlsys.experiments.<name>` defines `EXPERIMENT` (an `Experiment`: it
 profile, expected GPU duration and `run`), a `Sizes` dataclass and the functions that read its rows
 (tables, plots, verdicts; `table(rows)` is the summary the entry point prints). The whole GPU run
 is longer than one device session: `--chunk N` runs one group of at most `CHUNK_S`, and sessions
-take the chunks in turn. Rows are JSON-ready dicts; timings are stored with every sample so a
-verdict can be recomputed from a record. Nothing runs at import.
+take the chunks in turn, after `--check` (the module `preflight`: every experiment at smoke sizes
+and every kernel against its reference, nothing written). Only full-size GPU records go under
+`results/`, and none is replaced without `--force`. Rows are JSON-ready dicts; timings are stored
+with every sample so a verdict can be recomputed from a record. Nothing runs at import.
 Used in: every measuring chapter.
 """
 
@@ -21,7 +23,7 @@ import dataclasses
 import importlib
 import json
 import shlex
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,7 +83,8 @@ def get(name: str) -> Experiment:
 
 
 def recorded(name: str) -> list[dict[str, Any]]:
-    """Every recorded GPU run of experiment `name` under `results/`, validated ([] if none)."""
+    """Every full-size GPU record of experiment `name` under `results/` (profile "gpu", device
+    type "cuda"), validated ([] if none): `results.load_records`."""
     checks.choice(name, "name", NAMES)
     return results.load_records(name)
 
@@ -133,11 +136,27 @@ def record_of(
     return record
 
 
-def write(record: dict[str, Any], out_dir: Path | None = None) -> Path:
-    """Write a record under `out_dir` (default `results/`) as `<device-slug>/<experiment>.json`."""
+def run_record(name: str, profile: str, argv: Sequence[str]) -> dict[str, Any]:
+    """Run experiment `name` at `profile`'s sizes: its record (`record_of`, validated; not
+    written). `argv`: the command line's arguments, stored in the record."""
+    experiment = get(name)
+    sizes = experiment.sizes_for(profile)
+    return record_of(experiment, experiment.run(sizes), sizes, profile, list(argv))
+
+
+def record_path(name: str, device: str, out_dir: Path | None = None) -> Path:
+    """Where the record of experiment `name` run on `device` (its name) goes:
+    `<out_dir>/<device-slug>/<name>.json`, `out_dir` default `results/`."""
     root = results.RESULTS_DIR if out_dir is None else Path(out_dir)
-    device_dir = root / results.device_slug(record["provenance"]["device"])
-    path = device_dir / f"{record['experiment']}.json"
+    return root / results.device_slug(device) / f"{name}.json"
+
+
+def write(record: dict[str, Any], out_dir: Path | None = None, *, force: bool = False) -> Path:
+    """Write a record at `record_path` under `out_dir` (default `results/`). Refused before
+    anything is written (`results.check_destination`): a record that is not a full-size GPU run
+    under `results/`, or replacing an existing file without `force`."""
+    path = record_path(record["experiment"], record["provenance"]["device"], out_dir)
+    results.check_destination(path, record["provenance"], force=force)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1) + "\n")
     return path

@@ -1,14 +1,24 @@
 """`python -m mlsys.experiments`: run the book's experiments and record them.
 
     python -m mlsys.experiments --list         # names, chapters, expected GPU minutes, chunks
+    python -m mlsys.experiments --check        # preflight, anywhere (aims at < 3 min on a GPU):
+                                               # every experiment at smoke sizes, every Triton
+                                               # kernel against its reference; writes nothing
     python -m mlsys.experiments --all          # on a CUDA GPU: every experiment, GPU sizes,
                                                # records written under results/<device>/
     python -m mlsys.experiments --chunk 2      # the second group of at most 8 minutes
     python -m mlsys.experiments roofline_ops train_step --out /tmp/records
+    python -m mlsys.experiments train_step --force   # replace an existing record
     python -m mlsys.experiments --smoke --all  # anywhere: tiny sizes, records in a temp dir
 
-Records under `results/` come only from real GPUs: without CUDA this refuses GPU sizes, and smoke
-sizes are never written there. Each experiment prints its table.
+Records under `results/` come only from real GPUs at GPU sizes: without CUDA this refuses GPU
+sizes, and a smoke or CPU record is refused there (pass `--out DIR`). An existing record is never
+replaced without `--force`; both rules are checked for every selected experiment before the first
+one runs. Each experiment prints its table.
+
+`--check` prints one pass/fail line per check (a failure's error in one line; a failure does not
+stop the others) and a count, and exits with status 1 if any check failed. With names, `--all` or
+`--chunk` it runs only those experiments (every kernel still); `--out` and `--force` do not apply.
 """
 
 from __future__ import annotations
@@ -19,8 +29,10 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
-from mlsys import env, experiments
+from mlsys import env, experiments, results
+from mlsys.experiments import preflight
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -34,6 +46,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--list", action="store_true", help="list the experiments and exit")
     p.add_argument("--smoke", action="store_true", help="tiny sizes (runs on a CPU in seconds)")
     p.add_argument("--out", type=Path, help="write records under DIR instead of results/")
+    p.add_argument("--force", action="store_true", help="overwrite existing records")
+    p.add_argument("--check", action="store_true",
+                   help="preflight: every experiment at smoke sizes and every Triton kernel "
+                        "against its reference; writes nothing, exits 1 if any check fails")
     return p
 
 
@@ -49,8 +65,17 @@ def _list() -> str:
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> list[Path]:
-    """Parse `argv`, refuse what cannot be trusted, run, print, write; returns the record paths."""
+def _check(names: list[str], argv: list[str]) -> list[dict[str, Any]]:
+    """The preflight: print each check's line as it ends, then the count."""
+    print(preflight.HEADER, flush=True)
+    rows = preflight.run(names, argv, report=lambda row: print(preflight.row_line(row), flush=True))
+    print(preflight.count_line(rows), flush=True)
+    return rows
+
+
+def main(argv: Sequence[str] | None = None) -> list[Path] | list[dict[str, Any]]:
+    """Parse `argv`, refuse what cannot be trusted, run, print, write; returns the record paths
+    (with `--check`: the check rows, see `mlsys.experiments.preflight`)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = _parser()
     args = parser.parse_args(argv)
@@ -68,8 +93,13 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
         if not 1 <= args.chunk <= len(groups):
             parser.error(f"--chunk must be between 1 and {len(groups)}, got {args.chunk}")
         selected += groups[args.chunk - 1]
+    selected = list(dict.fromkeys(selected))  # each once, in order
+    if args.check:
+        if args.out is not None or args.force:
+            parser.error("--check writes no record: --out and --force do not apply to it")
+        return _check(selected or list(experiments.NAMES), argv)
     if not selected:
-        parser.error("name at least one experiment, or pass --all, --chunk K or --list")
+        parser.error("name at least one experiment, or pass --all, --chunk K, --check or --list")
     on_gpu = env.device() == "cuda"
     if not args.smoke and not on_gpu:
         parser.error("GPU sizes need a CUDA GPU (records under results/ come only from real GPUs); "
@@ -78,21 +108,31 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     if args.smoke and out is None:
         out = Path(tempfile.mkdtemp(prefix="mlsys-experiments-"))
     profile = "smoke" if args.smoke else "gpu"
+    # refuse up front, not after a long run: a non-GPU record under results/, an existing record
+    provenance = {"profile": profile, "device": env.device_name(), "device_type": env.device()}
+    for name in selected:
+        path = experiments.record_path(name, provenance["device"], out)
+        try:
+            results.check_destination(path, provenance, force=args.force)
+        except (ValueError, FileExistsError) as exc:
+            parser.error(str(exc))
     paths = []
-    for name in dict.fromkeys(selected):  # each once, in order
+    for name in selected:
         experiment = experiments.get(name)
-        sizes = experiment.sizes_for(profile)
         print(f"\n== {name} ({experiment.chapter}): {experiment.description}", flush=True)
         start = time.perf_counter()
-        rows = experiment.run(sizes)
-        record = experiments.record_of(experiment, rows, sizes, profile, argv)
-        module = sys.modules[f"mlsys.experiments.{name}"]
-        print(repr(module.table(rows)))
-        path = experiments.write(record, out)
+        record = experiments.run_record(name, profile, argv)
+        print(repr(experiments.module(name).table(record["results"])))
+        path = experiments.write(record, out, force=args.force)
         print(f"{time.perf_counter() - start:.1f} s; wrote {path}", flush=True)
         paths.append(path)
     return paths
 
 
+def exit_status(result: list[Path] | list[dict[str, Any]]) -> int:
+    """The process's exit status for `main`'s result: 1 if a check failed, else 0."""
+    return int(any(isinstance(r, dict) and not r["ok"] for r in result))
+
+
 if __name__ == "__main__":
-    main()
+    sys.exit(exit_status(main()))
