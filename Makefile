@@ -8,13 +8,16 @@ STAMP  := $(VENV)/.installed
 SMOKE_BUILD := _build/smoke
 LIB_SOURCES := $(shell find lib -name '*.py' 2>/dev/null)
 
-.PHONY: help install book test lint unit notebooks book-smoke browser clean
+.PHONY: help install book test lint unit notebooks book-smoke browser clean compile-report \
+	triton-check
 
 help:
 	@echo "make book   execute every chapter (this machine's profile) and build _build/html"
 	@echo "make test   lint, unit tests, chapters under nbmake (smoke), book build, browser check"
 	@echo "make clean  remove build outputs (keeps .venv)"
 	@echo "make install  create .venv and install the pinned environment (the others do it first)"
+	@echo "make compile-report  compile every kernel tile for sm_80/sm_90, write the report"
+	@echo "make triton-check TRITON=3.6.0  compile the kept tiles with another Triton, compare"
 
 # Two targets started at once (`make book & make test`) must not both build .venv (one would run
 # pip while the other is still creating the venv: "No module named pip"). The install holds an
@@ -72,6 +75,24 @@ browser: $(STAMP)
 	MLSYS_BOOK_HTML=$(SMOKE_BUILD)/_build/html $(PY) -m pytest -m browser -q tests/test_browser.py
 
 test: lint unit notebooks book-smoke browser
+
+# The compile report: every kernel and candidate tile compiled for sm_80 and sm_90 (no GPU),
+# written to lib/mlsys/kernels/compile_report.json (tens of minutes on 2 cores; cached after).
+compile-report: $(STAMP)
+	$(PY) -m mlsys.kernels.compile_report --matrix full
+
+# Every tile the kernels keep, compiled by another Triton in a throwaway venv (TRITON=3.6.0 by
+# default: the version torch 2.11 requires), then compared with the committed report.
+TRITON ?= 3.6.0
+TRITON_VENV := _build/triton-$(TRITON)
+triton-check: $(STAMP)
+	@test -x $(TRITON_VENV)/bin/python || $(PYTHON) -m venv $(TRITON_VENV)
+	grep -v '^triton' constraints.txt > $(TRITON_VENV)/constraints.txt
+	$(TRITON_VENV)/bin/pip install --quiet "triton==$(TRITON)" -c $(TRITON_VENV)/constraints.txt \
+		torch numpy einops jaxtyping beartype matplotlib tqdm
+	PYTHONPATH=lib MLSYS_AOT_CACHE=$(TRITON_VENV)/aot-cache $(TRITON_VENV)/bin/python \
+		-m mlsys.kernels.compile_report --matrix ci --kept --out $(TRITON_VENV)/report.json
+	$(PY) -m mlsys.kernels.compile_report --compare $(TRITON_VENV)/report.json
 
 clean:
 	rm -rf _build notebooks/*.ipynb .pytest_cache

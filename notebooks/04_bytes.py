@@ -54,7 +54,8 @@ from mlsys.accounting.napkin import napkin
 from mlsys.book import Table, glue, num
 from mlsys.counters import ByteCounter, StorageTouches
 from mlsys.dtypes import bytes_per_element
-from mlsys.experiments import elementwise_fusion, op_overhead, roofline_ops
+from mlsys.experiments import elementwise_fusion, fused_kernels, op_overhead, roofline_ops
+from mlsys.kernels import compile_report, compile_tables
 from mlsys.models.config import TransformerConfig
 
 # %% tags=["parameters"]
@@ -507,6 +508,36 @@ plt.show()
 # but has per-call costs of its own (guards, on a CPU waking the thread pool); a CUDA graph replays
 # the recorded launches with one call.
 #
+# ### The fused kernels, compiled for a GPU
+#
+# The book's fused kernels (softmax, RMSNorm, the elementwise chain) are memory-bound: each element
+# is loaded once, used a few times and stored. A program needs its tile in registers and little
+# else, so many programs fit on an SM at once, and many resident warps are what hides the latency
+# of their loads. Compiled for an H100 here, without one ({ref}`sec-attention` shows how, and
+# `make test` checks every tile): {glue:text}`row_room`. The elementwise chain uses
+# {glue:text}`chain_regs` registers whatever its length: its $k$ steps are unrolled into
+# {glue:text}`chain_sass` SASS instructions, but each thread only ever holds its own
+# {glue:text}`chain_values` values. Wider rows need more registers: past
+# {glue:text}`softmax_cols` columns (softmax) and {glue:text}`rmsnorm_cols` (RMSNorm) every tile
+# of the backward spills, so the kernels refuse such rows before launch. Predicted at the sizes
+# of the GPU run (the roofline's memory time, stretched by the last wave of
+# programs; a prediction, not a measurement):
+
+# %%
+report = compile_report.load()
+glue("row_room", compile_tables.row_room(report, "sm_90"))
+chains = {c.launch.problem["k"]: c for c in report.select("elementwise.repeat_unary", "fp32",
+                                                          "sm_90", op="fma")}
+glue("chain_regs", " to ".join(str(r) for r in sorted({c.registers for c in chains.values()})))
+glue("chain_values", elementwise.BLOCK // (32 * elementwise.NUM_WARPS))
+glue("chain_sass", f"{chains[0].sass_instructions} (k = 0) to "
+     f"{chains[max(chains)].sass_instructions:,} (k = {max(chains)})")
+glue("softmax_cols", f"{softmax.MAX_COLS:,}")
+glue("rmsnorm_cols", f"{rmsnorm.MAX_COLS:,}")
+FUSED_GPU = fused_kernels.SIZES["gpu"]
+compile_tables.row_predictions(report, "sm_90", FUSED_GPU.numel, FUSED_GPU.rows)
+
+# %% [markdown]
 # ### Recorded GPU results
 #
 # `python -m mlsys.experiments` runs the same experiments in GPU sizes on a GPU and records them

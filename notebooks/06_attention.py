@@ -55,6 +55,7 @@ from mlsys.accounting import flops
 from mlsys.accounting.params import param_counts
 from mlsys.book import Table, glue, num
 from mlsys.experiments import attention_model_step, attention_sweep, flash_benchmark
+from mlsys.kernels import aot, compile_report, compile_tables
 from mlsys.models.attention import FlashAttentionTorch, attention, max_error
 from mlsys.models.config import TransformerConfig
 
@@ -68,6 +69,12 @@ SWEEP_BATCH = 8  # the seed's sweep: batch 8, one head, fp32
 TILE = 128  # query and key tile of the tiling examples
 # Checks (run live): irregular shapes, (n_q, n_k, d) with n_q != n_k among them
 SHAPES = ((1, 1, 16), (37, 37, 32), (29, 61, 16), (61, 29, 32), (100, 100, 64))
+# The Triton kernels: the interpreter computes fp16 (not bf16) right; a GPU runs the book's dtypes
+# at the head dim of its experiments (tiles compiled for exactly these in `make test`)
+TRITON_SHAPES = env.pick(smoke=SHAPES[:4], cpu=SHAPES[:4],
+                         gpu=tuple((n_q, n_k, 64) for n_q, n_k, _ in SHAPES[:4]))
+TRITON_DTYPES = env.pick(smoke=(torch.float32, torch.float16), cpu=(torch.float32, torch.float16),
+                         gpu=(torch.float32, torch.bfloat16))
 # Measurements: sizes per profile live with each experiment (lib/mlsys/experiments/)
 SWEEP = env.pick(**attention_sweep.SIZES)
 BENCH = env.pick(**flash_benchmark.SIZES)
@@ -319,9 +326,9 @@ if _triton.HAS_TRITON:
     from mlsys.kernels.flash_attention import FlashAttentionTriton
 
     device = "cuda" if env.device() == "cuda" else "cpu"
-    for dt in (torch.float32, torch.float16):
+    for dt in TRITON_DTYPES:
         for causal in (False, True):
-            err = max_error(FlashAttentionTriton.apply, SHAPES[:4], dtype=dt, causal=causal,
+            err = max_error(FlashAttentionTriton.apply, TRITON_SHAPES, dtype=dt, causal=causal,
                             generator=g, device=device)
             tol = _triton.ATTENTION_TOLERANCES[dt]["grad"]  # the tests' tolerance
             assert err < 10 * (tol["atol"] + tol["rtol"])  # inputs and outputs of order 1
@@ -364,6 +371,115 @@ glue("big_seq", f"{n_big:,}")
 # {glue:text}`bwd_separate:.1f`× with the book's separate $dQ$ kernel. FLOPs are cheap next to
 # $n^2$ bytes: the recomputation is what makes the backward fit and what makes it fast.
 #
+# ### What the compiler made of it
+#
+# The interpreter checks values, not what a GPU would run. That needs no GPU either: Triton
+# compiles for a named target without one, the Python kernel becomes PTX, and `ptxas`, shipped in
+# the Triton wheel, turns the PTX into SASS, the machine code of an A100 (sm_80) or an H100
+# (sm_90), saying how many registers each thread needs and what it spilled to slow local memory
+# when they ran out (`mlsys.kernels.aot`). `python -m mlsys.kernels.compile_report` does this for
+# every tile the autotuner could try, for both targets, and removes from the search space every
+# tile that spills, asks for more shared memory than a block may have, or whose 16-bit dot
+# products miss the tensor cores; `make test` compiles every tile that is left. The committed
+# report ({glue:text}`aot_provenance`) for bf16, $d$ = 128, causal, on the H100:
+
+# %%
+report = compile_report.load()
+glue("aot_provenance", f"Triton {report.provenance['triton_version']}, "
+     f"{report.provenance['date'][:10]}, {len(report.entries):,} compiles")
+compile_tables.flash_table(report, "sm_90", dtype="bf16", head_dim=128, causal=True)
+
+# %% [markdown]
+# Per tile: registers per thread and spilled bytes (ptxas), the shared memory a block asks for at
+# launch beside the rule of `mlsys.accounting.tiles` in parentheses, the warps an SM can keep
+# resident with these resources and which resource caps them (`mlsys.accounting.occupancy`), and
+# the tensor-core instructions in the SASS. The A100's table, where the same tiles need more
+# registers (its `mma.sync` keeps both operands in registers), is behind the toggle:
+
+# %% tags=["hide-output"]
+compile_tables.flash_table(report, "sm_80", dtype="bf16", head_dim=128, causal=True)
+
+# %% [markdown]
+# Two formulas are checked here as counters are elsewhere in the book. Shared memory: the tiles a
+# program holds, plus the pipeline's copies of the tiles it streams (`num_stages` of them on
+# sm_90, one fewer on sm_80), plus the dK/dV kernel's streamed rows of $L$ and $D$. It equals
+# what the compiler asked for in {glue:text}`smem_exact` of {glue:text}`smem_total` 16-bit tiles;
+# the other {glue:text}`smem_plus` (sm_80, $d$ = 128, 64-row tiles) ask for exactly one 16-bit
+# $P$ tile more, which the compiler moves between the accumulator's layout and the dot operand's
+# through shared memory. For fp32 inputs, whose IEEE dot runs on the FMA units, the rule does not
+# hold (the compiler used {glue:text}`smem_fp32` of it). Registers: the fp32 accumulators, which
+# live through the whole loop, and the score tile a loop step holds whole, spread over the
+# program's threads, give a floor; past 255 per thread (fewer with 16 or 32 warps) a tile must
+# spill on paper. {glue:text}`regs_must` 16-bit tiles must, and all of them did;
+# {glue:text}`regs_early` more spilled below the cap, some at a floor of only
+# {glue:text}`regs_low` of it, because the compiler also keeps operand fragments, addresses and
+# masks live: the floor says which tiles cannot fit, not which will. No tile that compiled clean
+# used fewer registers than its floor.
+
+# %%
+smem, regs = compile_tables.shared_memory_check(report), compile_tables.register_check(report)
+assert smem.exact + smem.plus_p_tile == smem.total and regs.below_floor == 0
+assert regs.must_spill_and_spilled == regs.must_spill
+glue("smem_exact", f"{smem.exact:,}")
+glue("smem_total", f"{smem.total:,}")
+glue("smem_plus", smem.plus_p_tile)
+glue("smem_fp32", f"{smem.fp32_ratio[0]:.0%} to {smem.fp32_ratio[1]:.0%}")
+glue("regs_must", regs.must_spill)
+glue("regs_early", regs.spilled - regs.must_spill)
+glue("regs_low", f"{regs.smallest_spilling_floor:.0%}")
+compile_tables.removal_table(report)
+
+# %% [markdown]
+# What the removed flash tiles have in common: 4 warps holding large fp32 accumulators (the dK/dV
+# kernel's two $128 \times 128$ tiles alone are 256 registers a thread at 4 warps, past the 255 a
+# thread may have). fp32 inputs have a space of their own from the start, small tiles with 8
+# warps: their IEEE dot product has no tensor-core path and keeps each thread's slices of both
+# operands in registers, so the 16-bit space's tiles spill, or leave nothing at $d$ = 128. The
+# row kernels lost their widest tiles; where none was left, their rows stop (`MAX_COLS`,
+# {ref}`sec-bytes`).
+#
+# One forward tile compiled now, for each target: the tensor-core instructions and the
+# asynchronous copies that feed them, in PTX and in SASS.
+
+# %%
+tile = {"BLOCK_M": 64, "BLOCK_N": 64}
+problem = {"batch": 1, "heads": 16, "seq": 4096, "head_dim": 64, "causal": True}
+if _triton.HAS_TRITON:  # compiling needs Triton (Linux), not a GPU
+    sm80, sm90 = aot.compiled_asm(*(aot.Launch("flash_attention.fwd", "bf16", problem, tile,
+                                               4, 3, target) for target in ("sm_80", "sm_90")))
+    print(compile_tables.ptx_excerpt(sm90["ptx"], ["wgmma.mma_async", "cp.async.cg.shared"]))
+    print(compile_tables.excerpt(sm90["sass"], ["HGMMA", "LDGSTS", "LDGDEPBAR"]))
+    print(compile_tables.excerpt(sm80["sass"], ["LDSM", "HMMA"]))
+
+# %% [markdown]
+# On the A100 each warp issues `mma.sync` (SASS `HMMA.16816`): a $16 \times 8 \times 16$ product
+# on its SM's tensor cores, operands and accumulator in the warp's registers, loaded from shared
+# memory by `LDSM` (`ldmatrix`). On the H100 a warpgroup of four warps issues `wgmma.mma_async`
+# (`HGMMA.64xNx16`): a $64 \times N \times 16$ product that reads its operands from shared memory
+# and runs asynchronously while the warps go on; `wgmma.wait_group` waits for it. Both are fed by
+# `cp.async` (`LDGSTS`): copies from global memory straight into shared memory that do not pass
+# through registers and do not block, so the program starts loading the next $K$ and $V$ tiles
+# before it multiplies the current ones; `cp.async.commit_group` (`LDGDEPBAR`) closes a batch of
+# copies and `cp.async.wait_group` (`DEPBAR`) waits for the oldest. That overlap is the software
+# pipeline: `num_stages` deep, and its buffers are the shared memory the rule above counts.
+#
+# **Why this tile.** The report says which tiles may run; a prediction says which should win:
+# the roofline time of the tile's FLOPs and bytes (larger query tiles read $K$ and $V$ fewer
+# times) on the H100, stretched by the last wave of programs (a grid that does not fill its last
+# wave of SMs x resident blocks leaves SMs idle). {glue:text}`why_tile` On a GPU the autotuner
+# times the kept tiles and picks by measurement; the record below shows what it measured.
+
+# %%
+GPU_BENCH = flash_benchmark.SIZES["gpu"]  # predictions at the GPU run's sizes, on any machine
+problems = [(flash_benchmark.batch_for(GPU_BENCH, n), n) for n in GPU_BENCH.seqs]
+_, why_text = compile_tables.why_this_tile(report, "sm_90", heads=GPU_BENCH.heads, seq=16_384)
+glue("why_tile", why_text)
+seen = {k: v for record in experiments.recorded("flash_benchmark")
+        if "H100" in record["provenance"]["device"]
+        for k, v in flash_benchmark.forward_seconds(record["results"]).items()}
+compile_tables.flash_predictions(report, "sm_90", problems, heads=GPU_BENCH.heads, measured=seen)
+
+# %% [markdown]
 # ## Measurement
 #
 # ### The naive sweep, eager and compiled

@@ -192,3 +192,19 @@ def test_clusters_use_their_accelerators_links():
         hardware.get_cluster("dgx-v100")
     with pytest.raises(TypeError, match="must be Links"):
         hardware.Cluster("x", hardware.H100_SXM, 8, "NVLink", None)
+
+
+def test_sm_architectures_hold_the_programming_guides_limits():
+    sm80, sm89, sm90 = (hardware.sm_architecture(n) for n in ("sm_80", "sm_89", "sm_90"))
+    for sm in (sm80, sm89, sm90):
+        assert sm.registers_per_sm == 65536 and sm.max_registers_per_thread == 255
+        assert sm.shared_per_sm_bytes - sm.shared_per_block_bytes == 1024  # the reserved KiB
+    # Triton's launcher refuses a block past these (the opt-in maximum per block)
+    assert (sm80.shared_per_block_bytes, sm90.shared_per_block_bytes) == (166_912, 232_448)
+    assert (sm80.max_warps_per_sm, sm89.max_warps_per_sm, sm90.max_warps_per_sm) == (64, 48, 64)
+    assert hardware.A100_80GB_SXM.sm_arch == "sm_80" and hardware.H100_SXM.sm_arch == "sm_90"
+    assert hardware.H100_SXM.smem_per_sm_bytes == sm90.shared_per_sm_bytes
+    with pytest.raises(ValueError, match="name='sm_100' is not one of"):
+        hardware.sm_architecture("sm_100")
+    with pytest.raises(ValueError, match="sm_arch='sm_99' is not one of"):
+        dataclasses.replace(hardware.H100_SXM, sm_arch="sm_99")

@@ -165,7 +165,8 @@ def test_row_tile_pruning_keeps_sane_tiles(monkeypatch, n_rows, block_n):
         m, w = config.kwargs["BLOCK_M"], config.num_warps
         assert m <= max(1, 2 ** (n_rows - 1).bit_length())
         assert m == 1 or m * block_n <= _triton.MAX_TILE_ELEMENTS
-        assert 4 <= m * block_n // (32 * w) <= 64 or (m, w) == fallback
+        low, high = _triton.ROW_VALUES_PER_THREAD
+        assert low <= m * block_n // (32 * w) <= high or (m, w) == fallback
     block_m, warps = default_row_tile(n_rows, block_n)
     tile = block_m * block_n
     assert tile <= max(block_n, 4096)

@@ -69,11 +69,19 @@ def gone(pids):
 
 
 def rank_descendants():
-    """Processes below this one other than multiprocessing's fork server and resource tracker."""
-    helpers = ("forkserver", "resource_tracker")
-    return [p for p in psutil.Process().children(recursive=True)
-            if p.status() != psutil.STATUS_ZOMBIE
-            and not any(h in " ".join(p.cmdline()) for h in helpers)]
+    """Processes below this one other than multiprocessing's fork server and resource tracker,
+    and the background compile of the kernels' tiles (tests/conftest.py) with its tools."""
+    helpers = ("forkserver", "resource_tracker", "mlsys.kernels.compile_report",
+               "mlsys.kernels.aot", "ptxas", "cuobjdump", "nvdisasm")
+    found = []
+    for p in psutil.Process().children(recursive=True):
+        try:  # a compiler's tool may end between the listing and the look
+            if p.status() != psutil.STATUS_ZOMBIE and not any(
+                    h in " ".join(p.cmdline()) for h in helpers):
+                found.append(p)
+        except psutil.NoSuchProcess:
+            continue
+    return found
 
 
 def test_run_returns_every_ranks_value_and_leaves_nothing():

@@ -65,7 +65,7 @@ def test_large_irregular_shape():
 @needs_gpu
 @needs_triton
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("shape", [(1823, 781), (4, 4096), (3, 65536), (1000, 33)])
+@pytest.mark.parametrize("shape", [(1823, 781), (4, 4096), (3, MAX_COLS), (1000, 33)])
 def test_gpu_shapes_and_bf16(shape, dtype):
     _check_forward_and_grad(_x(shape, dtype))
 

@@ -21,6 +21,11 @@ Sources:
   "How to Scale Your Model", part 2 (https://jax-ml.github.io/scaling-book/tpus/).
 - Links and clusters (`LINKS`, `CLUSTERS`): the accelerators' own NVLink and PCIe figures; the DGX
   A100 / H100 datasheets for the InfiniBand ports (one per GPU); PCI-SIG for PCIe rates.
+- One SM's resources per architecture (`SM_ARCHITECTURES`: registers, shared memory, resident
+  warps and blocks, the units they are allocated in): CUDA C++ Programming Guide, "Compute
+  Capabilities", table "Technical Specifications per Compute Capability", and the CUDA Occupancy
+  Calculator's allocation units (https://docs.nvidia.com/cuda/cuda-c-programming-guide/ ,
+  https://docs.nvidia.com/cuda/cuda-occupancy-calculator/ ).
 Used in: every chapter that compares a measurement with a peak; book page "Hardware reference".
 """
 
@@ -34,6 +39,65 @@ TERA = 1e12
 GIGA = 1e9
 MIB = 2**20
 KIB = 2**10
+
+
+@dataclass(frozen=True)
+class SMArchitecture:
+    """What one streaming multiprocessor of an NVIDIA architecture holds, and the units it hands
+    out: the inputs of an occupancy calculation (`mlsys.accounting.occupancy`)."""
+
+    name: str  # the compiler's target, "sm_80"
+    capability: int  # compute capability x 10: 80 for 8.0
+    registers_per_sm: int  # 32-bit registers in the register file
+    max_registers_per_thread: int
+    register_unit: int  # registers are allocated per warp in multiples of this many
+    shared_per_sm_bytes: int  # shared memory an SM can give its resident blocks
+    shared_per_block_bytes: int  # the most one block may ask for (opt-in)
+    shared_reserved_per_block_bytes: int  # kept by the system for every resident block
+    shared_unit_bytes: int  # shared memory is allocated per block in multiples of this
+    max_warps_per_sm: int
+    max_blocks_per_sm: int
+    example: str  # a part built on it
+
+    def __post_init__(self) -> None:
+        for attr in ("registers_per_sm", "max_registers_per_thread", "register_unit",
+                     "shared_per_sm_bytes", "shared_per_block_bytes", "shared_unit_bytes",
+                     "max_warps_per_sm", "max_blocks_per_sm", "capability"):
+            checks.positive_int(getattr(self, attr), f"{self.name}: {attr}")
+        checks.nonnegative_int(self.shared_reserved_per_block_bytes,
+                               f"{self.name}: shared_reserved_per_block_bytes")
+        if self.shared_per_block_bytes + self.shared_reserved_per_block_bytes \
+                > self.shared_per_sm_bytes:
+            raise ValueError(f"{self.name}: a block's shared memory ({self.shared_per_block_bytes}"
+                             f" + {self.shared_reserved_per_block_bytes} reserved) exceeds the "
+                             f"SM's ({self.shared_per_sm_bytes})")
+
+
+def _sm(name: str, capability: int, shared_kib: int, warps: int, blocks: int,
+        example: str) -> SMArchitecture:
+    # shared_kib: the SM's shared memory; one block may take 1 KiB less (the reserved 1 KiB)
+    return SMArchitecture(name=name, capability=capability, registers_per_sm=65536,
+                          max_registers_per_thread=255, register_unit=256,
+                          shared_per_sm_bytes=shared_kib * KIB,
+                          shared_per_block_bytes=(shared_kib - 1) * KIB,
+                          shared_reserved_per_block_bytes=KIB, shared_unit_bytes=128,
+                          max_warps_per_sm=warps, max_blocks_per_sm=blocks, example=example)
+
+
+SM_ARCHITECTURES: dict[str, SMArchitecture] = {
+    "sm_80": _sm("sm_80", 80, 164, 64, 32, "A100"),
+    "sm_89": _sm("sm_89", 89, 100, 48, 24, "L40S, RTX 4090"),
+    "sm_90": _sm("sm_90", 90, 228, 64, 32, "H100, H200"),
+}
+"""Per-SM resources by compiler target (CUDA C++ Programming Guide, technical specifications per
+compute capability; allocation units from the CUDA Occupancy Calculator). The same 64K registers
+(at most 255 per thread, allocated 256 per warp) everywhere; shared memory 164 / 100 / 228 KiB per
+SM, of which one block may ask for 1 KiB less."""
+
+
+def sm_architecture(name: str) -> SMArchitecture:
+    """The SM resources of a target such as "sm_90" (ValueError naming the known ones)."""
+    return SM_ARCHITECTURES[checks.choice(name, "name", tuple(SM_ARCHITECTURES))]
 
 
 @dataclass(frozen=True)
@@ -60,6 +124,8 @@ class Accelerator:
     """Host link bandwidth per direction."""
     notes: str = ""
     sources: tuple[str, ...] = field(default_factory=tuple)
+    sm_arch: str | None = None
+    """The compiler target of its SMs ("sm_90"), a key of `SM_ARCHITECTURES`; None if absent."""
 
     def __post_init__(self) -> None:
         for attr in ("name", "vendor", "interconnect_name"):
@@ -78,6 +144,8 @@ class Accelerator:
                 checks.positive(getattr(self, attr), f"{self.name}: {attr}")
         if self.sm_count is not None:
             checks.positive_int(self.sm_count, f"{self.name}: sm_count")
+        if self.sm_arch is not None:
+            checks.choice(self.sm_arch, f"{self.name}: sm_arch", tuple(SM_ARCHITECTURES))
 
     def peak_flop_per_s(self, dtype: str) -> float:
         """Dense peak FLOP/s for `dtype`; ValueError if the device has no matrix rate for it."""
@@ -121,6 +189,7 @@ A100_80GB_SXM = Accelerator(
     pcie_bytes_per_s=32 * GIGA,  # PCIe Gen4 x16: 64 GB/s both directions
     notes="No fp8 support in the tensor cores.",
     sources=("https://www.nvidia.com/en-us/data-center/a100/",),
+    sm_arch="sm_80",
 )
 
 H100_SXM = Accelerator(
@@ -143,6 +212,7 @@ H100_SXM = Accelerator(
     interconnect_name="NVLink 4",
     pcie_bytes_per_s=64 * GIGA,  # PCIe Gen5 x16: 128 GB/s both directions
     sources=("https://www.nvidia.com/en-us/data-center/h100/",),
+    sm_arch="sm_90",
 )
 
 H200_SXM = Accelerator(
@@ -159,6 +229,7 @@ H200_SXM = Accelerator(
     pcie_bytes_per_s=64 * GIGA,
     notes="Same chip as the H100 SXM with more and faster memory.",
     sources=("https://www.nvidia.com/en-us/data-center/h200/",),
+    sm_arch="sm_90",
 )
 
 B200 = Accelerator(

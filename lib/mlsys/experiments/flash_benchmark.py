@@ -209,6 +209,15 @@ def best(rows: list[dict[str, Any]], where: dict[str, Any], mode: str, *,
     return min(mine, key=lambda r: seconds(r, mode), default=None)
 
 
+def forward_seconds(rows: list[dict[str, Any]], *, implementation: str = "flash_triton",
+                    dtype: str = "bf16", causal: bool = True,
+                    d_head: int = 128) -> dict[tuple[int, int], float]:
+    """(batch, seq) -> median forward seconds of one implementation and combo, from the rows."""
+    return {(r["batch"], r["seq"]): seconds(r, "forward") for r in measured(rows)
+            if (r["implementation"], r["dtype"], r["causal"], r["d_head"])
+            == (implementation, dtype, causal, d_head)}
+
+
 def targets(rows: list[dict[str, Any]], accelerator: hardware.Accelerator | None = None) -> str:
     """The issue's three targets at `TARGET`, read from the rows (needs a GPU record)."""
     ours = next((r for r in measured(rows) if r["implementation"] == "flash_triton"

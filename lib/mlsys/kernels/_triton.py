@@ -20,6 +20,7 @@ Used in: §sec-bytes (chapter 04) and every kernel module.
 
 from __future__ import annotations
 
+import functools
 import math
 import types
 from collections.abc import Iterable, Sequence
@@ -27,7 +28,8 @@ from typing import Any
 
 import torch
 
-from mlsys import checks, env
+from mlsys import checks, dtypes, env
+from mlsys.kernels import tile_space
 
 HAS_TRITON: bool = env.setup_triton()
 
@@ -200,6 +202,8 @@ def check_same(x: torch.Tensor, name_x: str, other: torch.Tensor, name_other: st
 ROW_BLOCK_M: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
 """Rows per program tried by the row-wise kernels (softmax, RMSNorm); short rows share a program."""
 ROW_NUM_WARPS: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
+ROW_VALUES_PER_THREAD = (4, 32)
+"""The range of a row tile's elements per thread that the autotuner tries (both ends included)."""
 MAX_TILE_ELEMENTS = 16384
 """Largest multi-row tile (rows x padded columns); one row may be longer (the module's limit)."""
 
@@ -209,41 +213,56 @@ def row_tile_configs() -> list[Any]:
     return [triton.Config({"BLOCK_M": m}, num_warps=w) for m in ROW_BLOCK_M for w in ROW_NUM_WARPS]
 
 
-def default_row_tile(n_rows: int, block_n: int) -> tuple[int, int]:
+def default_row_tile(n_rows: int, block_n: int, *, compiled: bool | None = None) -> tuple[int, int]:
     """(BLOCK_M, num_warps) without tuning: a tile of ~4096 elements (or one row), ~16 per thread.
 
     Interpreted, tiles grow to ~65536 elements: the interpreter's cost is mostly per program.
+    `compiled` picks the rule (default: compiled unless this process interprets).
     """
     checks.positive_ints(n_rows=n_rows, block_n=block_n)
-    target = 65536 if INTERPRETED else 4096
+    compiled = not INTERPRETED if compiled is None else compiled
+    target = 4096 if compiled else 65536
     block_m = max(1, min(ROW_BLOCK_M[-1], target // block_n, triton.next_power_of_2(n_rows)))
     warps = max(1, (block_m * block_n) // (32 * 16))
     return block_m, min(ROW_NUM_WARPS[-1], 1 << (warps.bit_length() - 1))
 
 
-def keep_row_tiles(configs: list[Any], n_rows: int, block_n: int) -> list[Any]:
+def keep_row_tiles(configs: list[Any], n_rows: int, block_n: int, *,
+                   compiled: bool | None = None, kernel: str | None = None,
+                   dtype: str | None = None, target: str | None = None) -> list[Any]:
     """Prune the row-tile space for one shape; interpreted, keep only `default_row_tile`.
 
     Kept: BLOCK_M no larger than the rows present, multi-row tiles of at most MAX_TILE_ELEMENTS,
-    and 4 to 64 elements per thread (fewer wastes threads, more spills registers).
+    `ROW_VALUES_PER_THREAD` elements per thread (fewer wastes threads; with Triton 3.7.1, one in
+    six tiles of 64 a thread spilled on sm_80/sm_90, and they left the search space), and, given
+    `kernel` ("softmax.fwd"), `dtype` and `target`, none that the compile report removed
+    (`tile_space.removed`: spills). `compiled` picks the rule (default: compiled unless this
+    process interprets). If nothing is left, the default tile.
     """
-    block_m, warps = default_row_tile(n_rows, block_n)
+    compiled = not INTERPRETED if compiled is None else compiled
+    block_m, warps = default_row_tile(n_rows, block_n, compiled=compiled)
     fallback = [triton.Config({"BLOCK_M": block_m}, num_warps=warps)]
-    if INTERPRETED:  # the interpreter would run every config on the CPU
+    if not compiled:  # the interpreter would run every config on the CPU
         return fallback
+    gone = {} if kernel is None else tile_space.removed(kernel, dtype, target, n_cols=block_n)
     kept = []
     for config in configs:
         m, w = config.kwargs["BLOCK_M"], config.num_warps
         tile = m * block_n
         if m > triton.next_power_of_2(n_rows) or (m > 1 and tile > MAX_TILE_ELEMENTS):
             continue
-        if 4 <= tile // (32 * w) <= 64:
+        if tile_space.tile_key(config.kwargs, w, config.num_stages) in gone:
+            continue
+        if ROW_VALUES_PER_THREAD[0] <= tile // (32 * w) <= ROW_VALUES_PER_THREAD[1]:
             kept.append(config)
     return kept or fallback
 
 
-def _keep_for_shape(configs, named_args, **kwargs):
-    return keep_row_tiles(configs, named_args["n_rows"], named_args["BLOCK_N"])
+def _keep_for_shape(configs, named_args, kernel: str, **kwargs):
+    x = next(v for v in named_args.values() if isinstance(v, torch.Tensor))
+    return keep_row_tiles(configs, named_args["n_rows"], named_args["BLOCK_N"], kernel=kernel,
+                          dtype=dtypes.canonical(x.dtype),
+                          target=tile_space.device_target(x.device))
 
 
 class _InterpretedRowKernel:
@@ -266,18 +285,25 @@ class _InterpretedRowKernel:
         return launch
 
 
-def row_autotune(fn: Any) -> Any:
-    """Autotune a row kernel (`n_rows`, `n_cols`, `BLOCK_N`, `BLOCK_M`) over `row_tile_configs()`.
+def row_autotune(kernel: str) -> Any:
+    """Decorator: autotune the row kernel called `kernel` ("softmax.fwd"; arguments `n_rows`,
+    `n_cols`, `BLOCK_N`, `BLOCK_M`) over `row_tile_configs()`.
 
-    Keyed on n_cols and pruned per shape by `keep_row_tiles`. Interpreted, there is nothing to tune:
-    the launch uses `default_row_tile` directly (see `_InterpretedRowKernel`).
+    Keyed on n_cols and pruned per shape by `keep_row_tiles`, which drops the tiles the compile
+    report removed for this kernel. Interpreted, there is nothing to tune: the launch uses
+    `default_row_tile` directly (see `_InterpretedRowKernel`).
     """
-    if not HAS_TRITON:
-        return fn
-    if INTERPRETED:
-        return _InterpretedRowKernel(fn)
-    return triton.autotune(
-        configs=row_tile_configs(),
-        key=["n_cols"],
-        prune_configs_by={"early_config_prune": _keep_for_shape},
-    )(fn)
+
+    def wrap(fn: Any) -> Any:
+        if not HAS_TRITON:
+            return fn
+        if INTERPRETED:
+            return _InterpretedRowKernel(fn)
+        return triton.autotune(
+            configs=row_tile_configs(),
+            key=["n_cols"],
+            prune_configs_by={"early_config_prune": functools.partial(_keep_for_shape,
+                                                                      kernel=kernel)},
+        )(fn)
+
+    return wrap

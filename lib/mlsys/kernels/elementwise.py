@@ -101,11 +101,25 @@ def repeat_unary(x: Float[Tensor, "..."], k: int, op: str = "fma") -> Float[Tens
     checks.choice(op, "op", OPS)
     check_input(x, "x", min_ndim=0)
     y = torch.empty_like(x)
-    n = x.numel()
-    grid = (triton.cdiv(n, BLOCK),)
-    _repeat_unary_kernel[grid](x, y, n, FMA_SCALE, FMA_SHIFT, K=k, OP=op, BLOCK=BLOCK,
-                               num_warps=NUM_WARPS)
+    args, consts = _launch_args(x, y, k, op)
+    _repeat_unary_kernel[(triton.cdiv(x.numel(), BLOCK),)](*args, **consts, num_warps=NUM_WARPS)
     return y
+
+
+def _launch_args(x: Tensor, y: Tensor, k: int, op: str) -> tuple[tuple, dict]:
+    return (x, y, x.numel(), FMA_SCALE, FMA_SHIFT), {"K": k, "OP": op, "BLOCK": BLOCK}
+
+
+AOT_KERNELS = {"repeat_unary": "_repeat_unary_kernel"}
+"""The kernel compiled ahead of time (`mlsys.kernels.aot`), by name: the module's attribute."""
+
+
+def aot_args(kernel: str, dtype: torch.dtype, *, n_elements: int, k: int,
+             op: str) -> tuple[tuple, dict]:
+    """(arguments, constexprs) of the chain of `k` `op`s on `n_elements` of `dtype`, as
+    `repeat_unary` passes them, on stand-in CPU tensors (only dtype and alignment are read)."""
+    x = torch.empty(n_elements, dtype=dtype)
+    return _launch_args(x, torch.empty_like(x), k, op)
 
 
 BENCHMARKS = [

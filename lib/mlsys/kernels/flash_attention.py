@@ -25,10 +25,12 @@ Q once, K and V once per query tile and writes O and L: 2 n d + 2 n d ceil(n / B
 + 4n bytes (`flash_forward_traffic`). FLOPs 4 n^2 d (half when causal); backward 3.5x
 (`flash_attention_flops`, `flash_attention_backward_flops`).
 
-Tiles are autotuned on a GPU over `tile_configs`, pruned by the device's shared memory
-(`tile_smem_bytes`); under the interpreter, autotuning fails (Triton 3.7: "0 active drivers") and
-`INTERPRETER_TILES` is used. Head dims 16, 32, 64, 128 (tl.arange needs a power of two, tl.dot
-K >= 16, 128 bounds the registers per program); others are refused (use `FlashAttentionTorch`).
+Tiles are autotuned on a GPU over `tile_configs`, pruned by the compile report (no tile that
+spills registers, overflows shared memory or misses the tensor cores: `mlsys.kernels.tile_space`)
+and by the device's shared memory (`tile_smem_bytes`); under the interpreter, autotuning fails
+(Triton 3.7: "0 active drivers") and `INTERPRETER_TILES` is used. Head dims 16, 32, 64, 128
+(tl.arange needs a power of two, tl.dot K >= 16, 128 bounds the registers per program); others
+are refused (use `FlashAttentionTorch`).
 Dtypes fp16, bf16, fp32 (fp32 statistics and accumulators always); under the CPU interpreter
 fp16 and fp32 only (its bf16 arithmetic is wrong: `check_input` refuses it). fp32 inputs use
 `tl.dot(..., input_precision="ieee")`: on NVIDIA GPUs Triton's default is TF32 (10-bit mantissa,
@@ -47,7 +49,10 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from mlsys import dtypes, hardware
 from mlsys.accounting import attention as A
+from mlsys.accounting import tiles
+from mlsys.kernels import tile_space
 from mlsys.kernels._triton import (
     HAS_TRITON,
     INTERPRETED,
@@ -64,8 +69,6 @@ FP32_DOT_PRECISION = "ieee"
 """tl.dot on fp32 tiles in full fp32 ("tf32" would be faster on a GPU, ~1e-3 relative error)."""
 INTERPRETER_TILES = (32, 32)
 """(BLOCK_M, BLOCK_N) under the CPU interpreter, where nothing is tuned."""
-GPU_FIXED_LAUNCH = {"num_warps": 4, "num_stages": 2}
-"""Launch options when tiles are given explicitly on a GPU (no tuning)."""
 
 
 def flash_attention_ref(
@@ -109,32 +112,40 @@ def flash_attention_backward_bytes(batch: int, heads: int, n_q: int, n_k: int, d
                                     strategy="separate_dq").total_bytes
 
 
-# --- tiles: autotune space, shared-memory pruning, the interpreter's fixed choice -----------------
+# --- tiles: autotune space, what the compile report removed, the interpreter's fixed choice ------
 
 TILES: dict[str, tuple[tuple[int, int], ...]] = {
     "fwd": ((64, 32), (64, 64), (128, 32), (128, 64)),  # (query tile held, key tile streamed)
     "dkdv": ((32, 64), (32, 128), (64, 64), (64, 128)),  # (query tile streamed, key tile held)
     "dq": ((64, 32), (64, 64), (128, 32), (128, 64)),  # (query tile held, key tile streamed)
 }
-"""(BLOCK_M, BLOCK_N) tried per kernel, each with 4 or 8 warps and 2 or 3 pipeline stages."""
-_HELD_STREAMED = {"fwd": ((1, 0), (0, 2)), "dkdv": ((0, 2), (2, 0)), "dq": ((2, 0), (0, 2))}
-# tiles of d elements each kernel keeps resident / streams, as (query rows, key rows) multiples:
-# fwd holds Q and streams K, V; dK/dV holds K, V and streams Q, dO; dQ holds Q, dO, streams K, V
+"""(BLOCK_M, BLOCK_N) tried per kernel for 16-bit inputs, each with 4 or 8 warps and 2 or 3
+pipeline stages."""
+TILES_FP32 = ((16, 32), (32, 16), (32, 32), (32, 64), (64, 32))
+"""(BLOCK_M, BLOCK_N) tried for fp32 inputs, each with 8 warps and 1 or 2 stages. The IEEE fp32
+dot runs on the FMA units with each thread's slices of both operands in registers, so the 16-bit
+space's tiles spill, or leave nothing at head dim 128 (compile report); 8 warps halve each
+thread's share. fp32 is the exact path, not the fast one: a small space costs little to tune."""
+GPU_FIXED_LAUNCH = {"num_warps": 8, "num_stages": 2}
+"""Launch options when tiles are given explicitly on a GPU (no tuning): 8 warps, because 4-warp
+programs of the larger tiles spill (compile report)."""
+
+
+def tile_configs(kernel: str, dtype: str = "bf16") -> list[Any]:
+    """The autotune space of one kernel ("fwd", "dkdv", "dq") for inputs of `dtype`."""
+    if dtypes.canonical(dtype) == "fp32":
+        return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=8, num_stages=s)
+                for m, n in TILES_FP32 for s in (1, 2)]
+    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
+            for m, n in TILES[kernel] for w in (4, 8) for s in (2, 3)]
 
 
 def tile_smem_bytes(kernel: str, block_m: int, block_n: int, head_dim: int, elem_bytes: int,
-                    num_stages: int) -> int:
-    """Estimated shared memory of one program: the tiles it holds, plus `num_stages` copies of
-    the tiles it streams (software pipelining), each tile rows x head_dim elements."""
-    (hq, hk), (sq, sk) = _HELD_STREAMED[kernel]
-    rows = hq * block_m + hk * block_n + num_stages * (sq * block_m + sk * block_n)
-    return rows * head_dim * elem_bytes
-
-
-def tile_configs(kernel: str) -> list[Any]:
-    """The autotune space of one kernel ("fwd", "dkdv", "dq")."""
-    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
-            for m, n in TILES[kernel] for w in (4, 8) for s in (2, 3)]
+                    num_stages: int, arch: str = "sm_90") -> int:
+    """Shared memory of one program on `arch` (16-bit inputs; fp32 ones use less):
+    `mlsys.accounting.tiles.flash_smem_bytes`, checked against the compiler for every tile."""
+    return tiles.flash_smem_bytes(kernel, block_m, block_n, head_dim, elem_bytes, num_stages,
+                                  arch)
 
 
 @functools.cache
@@ -142,19 +153,40 @@ def _device_smem_bytes(index: int) -> int:
     return triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"]
 
 
-def keep_tiles(configs: list[Any], kernel: str, head_dim: int, elem_bytes: int,
-               smem_bytes: int) -> list[Any]:
-    """The configs whose `tile_smem_bytes` fit in `smem_bytes`; if none, the smallest one."""
+def keep_tiles(configs: list[Any], kernel: str, head_dim: int, dtype: str, target: str,
+               smem_bytes: int | None = None) -> list[Any]:
+    """The configs of `dtype`'s space (`tile_configs`) that the compile report did not remove for
+    (kernel, dtype, head_dim, target) and whose `tile_smem_bytes` fit `smem_bytes` (default: the
+    target's opt-in maximum per block); if none is left, the one needing the least memory."""
+    dtype = dtypes.canonical(dtype)
+    limit = smem_bytes or hardware.sm_architecture(target).shared_per_block_bytes
+    gone = tile_space.removed(f"flash_attention.{kernel}", dtype, target, head_dim=head_dim)
+    space = {tile_space.tile_key(c.kwargs, c.num_warps, c.num_stages)
+             for c in tile_configs(kernel, dtype)}
+    configs = [c for c in configs
+               if tile_space.tile_key(c.kwargs, c.num_warps, c.num_stages) in space]
+    if not configs:
+        raise ValueError(f"none of the configs is in the {dtype} space of the {kernel} kernel "
+                         "(tile_configs(kernel, dtype))")
+
     def need(c):
         return tile_smem_bytes(kernel, c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], head_dim,
-                               elem_bytes, c.num_stages)
-    kept = [c for c in configs if need(c) <= smem_bytes]
+                               dtypes.bytes_per_element(dtype), c.num_stages, target)
+
+    kept = [c for c in configs if need(c) <= limit
+            and tile_space.tile_key(c.kwargs, c.num_warps, c.num_stages) not in gone]
     return kept or [min(configs, key=need)]
+
+
+def launchable_tiles(kernel: str, head_dim: int, dtype: str, target: str) -> list[Any]:
+    """The tiles the autotuner may time for this kernel, head dim, dtype and target."""
+    return keep_tiles(tile_configs(kernel, dtype), kernel, head_dim, dtype, target)
 
 
 def _prune(configs, named_args, kernel: str, **kwargs):
     q = named_args["q_ptr"]
-    return keep_tiles(configs, kernel, kwargs["HEAD_DIM"], q.element_size(),
+    return keep_tiles(configs, kernel, kwargs["HEAD_DIM"], dtypes.canonical(q.dtype),
+                      tile_space.device_target(q.device),
                       _device_smem_bytes(q.device.index or 0))
 
 
@@ -167,7 +199,8 @@ class _TileKernel:
         self.fn, self.kernel, self.tuned = fn, kernel, None
         if HAS_TRITON and not INTERPRETED:
             self.tuned = triton.autotune(
-                configs=tile_configs(kernel), key=["n_q", "n_k", "HEAD_DIM", "IS_CAUSAL"],
+                configs=tile_configs(kernel) + tile_configs(kernel, "fp32"),
+                key=["n_q", "n_k", "HEAD_DIM", "IS_CAUSAL"],
                 prune_configs_by={"early_config_prune": functools.partial(_prune, kernel=kernel)},
             )(fn)
 
@@ -409,18 +442,48 @@ def _4d(x: Tensor) -> Tensor:
     return x if x.ndim == 4 else x.unsqueeze(1)  # (batch, seq, d): one head, a view
 
 
+def _forward_args(q4: Tensor, k4: Tensor, v4: Tensor, out: Tensor, lse: Tensor,
+                  is_causal: bool) -> tuple[tuple, dict]:
+    """(arguments, constexprs) of the forward kernel on 4-d (batch, heads, seq, d) tensors."""
+    heads, n_q, d = q4.shape[1:]
+    args = (q4, k4, v4, out, lse, *q4.stride(), *k4.stride(), *v4.stride(), *out.stride(), heads,
+            n_q, k4.shape[2], 1.0 / math.sqrt(d))
+    return args, dict(HEAD_DIM=d, IS_CAUSAL=is_causal, DOT_PRECISION=FP32_DOT_PRECISION)
+
+
+PREPROCESS_BLOCK_M = 64
+"""Query rows per program of `_flash_bwd_preprocess_kernel`."""
+PREPROCESS_WARPS = 8
+"""Its warps: with 4, fp32 O and dO tiles at head dim 128 (128 values a thread each) spill on
+sm_80 (compile report)."""
+
+
+def _preprocess_args(o4: Tensor, do4: Tensor, delta: Tensor) -> tuple[tuple, dict]:
+    heads, n_q, d = o4.shape[1:]
+    return ((o4, do4, delta, *o4.stride(), *do4.stride(), heads, n_q),
+            dict(HEAD_DIM=d, BLOCK_M=PREPROCESS_BLOCK_M))
+
+
+def _backward_args(q4: Tensor, k4: Tensor, v4: Tensor, do4: Tensor, lse: Tensor, delta: Tensor,
+                   grads: tuple[Tensor, ...], is_causal: bool) -> tuple[tuple, dict]:
+    """(arguments, constexprs) of the dK/dV kernel (`grads` = (dk, dv)) or the dQ kernel
+    (`grads` = (dq,)); dk and dv share strides."""
+    heads, n_q, d = q4.shape[1:]
+    args = (q4, k4, v4, do4, lse, delta, *grads, *q4.stride(), *k4.stride(), *v4.stride(),
+            *do4.stride(), *grads[0].stride(), heads, n_q, k4.shape[2], 1.0 / math.sqrt(d))
+    return args, dict(HEAD_DIM=d, IS_CAUSAL=is_causal, DOT_PRECISION=FP32_DOT_PRECISION)
+
+
 def _flash_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool,
                    tiles: tuple[int, int] | None = None) -> tuple[Tensor, Tensor]:
     """Launch the forward on checked inputs: O (q's shape, dtype) and L (fp32, q's shape[:-1])."""
     q4, k4, v4 = _4d(q), _4d(k), _4d(v)
-    batch, heads, n_q, d = q4.shape
+    batch, heads, n_q, _ = q4.shape
     out = torch.empty(q4.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty((batch, heads, n_q), dtype=torch.float32, device=q.device)
     grid = lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), batch * heads)
-    _flash_fwd_kernel.launch(
-        grid, tiles, q4, k4, v4, out, lse, *q4.stride(), *k4.stride(), *v4.stride(),
-        *out.stride(), heads, n_q, k4.shape[2], 1.0 / math.sqrt(d),
-        HEAD_DIM=d, IS_CAUSAL=is_causal, DOT_PRECISION=FP32_DOT_PRECISION)
+    args, constexprs = _forward_args(q4, k4, v4, out, lse, is_causal)
+    _flash_fwd_kernel.launch(grid, tiles, *args, **constexprs)
     return out.view(q.shape), lse.view(q.shape[:-1])
 
 
@@ -428,23 +491,43 @@ def _flash_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, g
                     is_causal: bool, tiles: tuple[int, int] | None = None):
     """Launch the three backward kernels: (dQ, dK, dV) in the inputs' shapes and dtype."""
     q4, k4, v4, o4, do4 = (_4d(t) for t in (q, k, v, out, grad_out))
-    batch, heads, n_q, d = q4.shape
-    n_k, scale = k4.shape[2], 1.0 / math.sqrt(d)
+    batch, heads, n_q, _ = q4.shape
+    n_k = k4.shape[2]
     delta = torch.empty((batch, heads, n_q), dtype=torch.float32, device=q.device)
-    _flash_bwd_preprocess_kernel[(triton.cdiv(n_q, 64), batch * heads)](
-        o4, do4, delta, *o4.stride(), *do4.stride(), heads, n_q, HEAD_DIM=d, BLOCK_M=64)
+    args, constexprs = _preprocess_args(o4, do4, delta)
+    _flash_bwd_preprocess_kernel[(triton.cdiv(n_q, PREPROCESS_BLOCK_M), batch * heads)](
+        *args, **constexprs, num_warps=PREPROCESS_WARPS)
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q4, k4, v4))
-    strides = (*q4.stride(), *k4.stride(), *v4.stride(), *do4.stride())
-    constexprs = dict(HEAD_DIM=d, IS_CAUSAL=is_causal, DOT_PRECISION=FP32_DOT_PRECISION)
+    args, constexprs = _backward_args(q4, k4, v4, do4, lse, delta, (dk, dv), is_causal)
     _flash_bwd_dkdv_kernel.launch(
-        lambda meta: (triton.cdiv(n_k, meta["BLOCK_N"]), batch * heads), tiles,
-        q4, k4, v4, do4, lse, delta, dk, dv, *strides, *dk.stride(), heads, n_q, n_k, scale,
+        lambda meta: (triton.cdiv(n_k, meta["BLOCK_N"]), batch * heads), tiles, *args,
         **constexprs)
+    args, constexprs = _backward_args(q4, k4, v4, do4, lse, delta, (dq,), is_causal)
     _flash_bwd_dq_kernel.launch(
-        lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), batch * heads), tiles,
-        q4, k4, v4, do4, lse, delta, dq, *strides, *dq.stride(), heads, n_q, n_k, scale,
+        lambda meta: (triton.cdiv(n_q, meta["BLOCK_M"]), batch * heads), tiles, *args,
         **constexprs)
     return dq.view(q.shape), dk.view(k.shape), dv.view(v.shape)
+
+
+AOT_KERNELS = {"fwd": "_flash_fwd_kernel", "preprocess": "_flash_bwd_preprocess_kernel",
+               "dkdv": "_flash_bwd_dkdv_kernel", "dq": "_flash_bwd_dq_kernel"}
+"""The kernels compiled ahead of time (`mlsys.kernels.aot`), by name: the module's attribute."""
+
+
+def aot_args(kernel: str, dtype: torch.dtype, *, batch: int, heads: int, seq: int,
+             head_dim: int, causal: bool) -> tuple[tuple, dict]:
+    """(arguments, constexprs) of `kernel` (a key of AOT_KERNELS) for (batch, heads, seq,
+    head_dim) inputs of `dtype`, as the launchers pass them, on stand-in CPU tensors (only their
+    dtype, strides and alignment are read)."""
+    q4 = torch.empty(batch, heads, seq, head_dim, dtype=dtype)
+    k4, v4, o4, do4 = (torch.empty_like(q4) for _ in range(4))
+    stats = torch.empty(batch, heads, seq, dtype=torch.float32)  # L, and D = rowsum(dO * O)
+    if kernel == "fwd":
+        return _forward_args(q4, k4, v4, o4, stats, causal)
+    if kernel == "preprocess":
+        return _preprocess_args(o4, do4, stats)
+    grads = (torch.empty_like(q4), torch.empty_like(q4)) if kernel == "dkdv" else (o4,)
+    return _backward_args(q4, k4, v4, do4, stats, stats, grads, causal)
 
 
 class FlashAttentionTriton(torch.autograd.Function):

@@ -36,8 +36,10 @@ from mlsys.kernels._triton import (
     triton,
 )
 
-MAX_COLS = 65536
-"""Longest row the single-pass kernels hold in registers."""
+MAX_COLS = 8192
+"""Longest row the single-pass kernels hold in registers without spilling, on sm_80 and sm_90 (the
+compile report): the forward keeps a clean tile up to 16,384 columns (32,768 in 16-bit), the
+backward (x, dy, the weight and its program's share of dweight live at once) up to 8,192."""
 
 
 def rmsnorm_ref(
@@ -73,7 +75,7 @@ def rmsnorm_backward_flops(shape: tuple[int, ...]) -> int:
     return flops.rmsnorm_backward_flops(*rows_cols(shape))
 
 
-@row_autotune
+@row_autotune("rmsnorm.fwd")
 @triton.jit
 def _rmsnorm_fwd_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, n_rows, n_cols, eps, stride_xm, stride_ym,
                         BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
@@ -96,7 +98,7 @@ def _rmsnorm_fwd_kernel(x_ptr, w_ptr, y_ptr, rstd_ptr, n_rows, n_cols, eps, stri
     tl.store(rstd_ptr + rows, rstd, mask=row_ok)
 
 
-@row_autotune
+@row_autotune("rmsnorm.bwd")
 @triton.jit
 def _rmsnorm_bwd_kernel(x_ptr, w_ptr, rstd_ptr, dy_ptr, dx_ptr, dw_partial_ptr, n_rows, n_cols,
                         stride_xm, stride_dym, stride_dxm, stride_pm, BLOCK_N: tl.constexpr,
@@ -155,22 +157,40 @@ def _check(x: Tensor, weight: Tensor, eps: float) -> None:
     check_same(x, "x", weight, "weight")
     if x.shape[-1] > MAX_COLS:
         raise ValueError(f"x has rows of {x.shape[-1]} elements; this single-pass kernel holds "
-                         f"at most {MAX_COLS}")
+                         f"at most {MAX_COLS} without spilling registers: use rmsnorm_ref")
     checks.positive(eps, "eps")
+
+
+def _forward_args(x2: Tensor, weight: Tensor, y2: Tensor, rstd: Tensor, eps: float) -> tuple:
+    """The forward kernel's arguments for (rows, cols) x2 and y2: BLOCK_N covers a row."""
+    n_rows, n_cols = x2.shape
+    return (x2, weight, y2, rstd, n_rows, n_cols, float(eps), x2.stride(0), y2.stride(0),
+            triton.next_power_of_2(n_cols))
+
+
+def _backward_args(x2: Tensor, weight: Tensor, rstd: Tensor, dy2: Tensor, dx2: Tensor,
+                   partial: Tensor) -> tuple:
+    n_rows, n_cols = x2.shape
+    return (x2, weight, rstd, dy2, dx2, partial, n_rows, n_cols, x2.stride(0), dy2.stride(0),
+            dx2.stride(0), partial.stride(0), triton.next_power_of_2(n_cols))
+
+
+COLUMN_SUM_TILE = {"BLOCK_P": 32, "BLOCK_N": 128, "num_warps": 4}
+"""The fixed tile of `_column_sum_kernel`: 32 partial rows x 128 columns per step, 4 warps."""
+
+
+def _column_sum_args(partial: Tensor, dweight: Tensor) -> tuple:
+    n_programs, n_cols = partial.shape
+    return partial, dweight, n_programs, n_cols, partial.stride(0)
 
 
 def _rmsnorm_forward(x: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
     """Launch the forward kernel; returns y (x's shape and dtype) and rstd (fp32, one per row)."""
-    n_cols = x.shape[-1]
-    x2 = x.view(-1, n_cols)
-    n_rows = x2.shape[0]
+    x2 = x.view(-1, x.shape[-1])
     y2 = torch.empty_like(x2)
-    rstd = torch.empty(n_rows, dtype=torch.float32, device=x.device)
-    grid = lambda meta: (triton.cdiv(n_rows, meta["BLOCK_M"]),)
-    _rmsnorm_fwd_kernel[grid](
-        x2, weight, y2, rstd, n_rows, n_cols, float(eps), x2.stride(0), y2.stride(0),
-        triton.next_power_of_2(n_cols),
-    )
+    rstd = torch.empty(x2.shape[0], dtype=torch.float32, device=x.device)
+    grid = lambda meta: (triton.cdiv(x2.shape[0], meta["BLOCK_M"]),)
+    _rmsnorm_fwd_kernel[grid](*_forward_args(x2, weight, y2, rstd, eps))
     return y2.view(x.shape), rstd
 
 
@@ -184,22 +204,37 @@ def _partial_programs(n_rows: int, device: torch.device) -> int:
 def _rmsnorm_backward(x: Tensor, weight: Tensor, rstd: Tensor, dy: Tensor) -> tuple[Tensor, Tensor]:
     n_cols = x.shape[-1]
     x2, dy2 = x.view(-1, n_cols), dy.view(-1, n_cols)
-    n_rows = x2.shape[0]
     dx2 = torch.empty_like(x2)
-    n_programs = _partial_programs(n_rows, x.device)
+    n_programs = _partial_programs(x2.shape[0], x.device)
     partial = torch.empty(n_programs, n_cols, dtype=torch.float32, device=x.device)
-    _rmsnorm_bwd_kernel[(n_programs,)](
-        x2, weight, rstd, dy2, dx2, partial, n_rows, n_cols,
-        x2.stride(0), dy2.stride(0), dx2.stride(0), partial.stride(0),
-        triton.next_power_of_2(n_cols),
-    )
+    _rmsnorm_bwd_kernel[(n_programs,)](*_backward_args(x2, weight, rstd, dy2, dx2, partial))
     dweight = torch.empty_like(weight)
-    block_n = 128
-    _column_sum_kernel[(triton.cdiv(n_cols, block_n),)](
-        partial, dweight, n_programs, n_cols, partial.stride(0),
-        BLOCK_P=32, BLOCK_N=block_n, num_warps=4,
-    )
+    grid = (triton.cdiv(n_cols, COLUMN_SUM_TILE["BLOCK_N"]),)
+    _column_sum_kernel[grid](*_column_sum_args(partial, dweight), **COLUMN_SUM_TILE)
     return dx2.view(x.shape), dweight
+
+
+AOT_KERNELS = {"fwd": "_rmsnorm_fwd_kernel", "bwd": "_rmsnorm_bwd_kernel",
+               "column_sum": "_column_sum_kernel"}
+"""The kernels compiled ahead of time (`mlsys.kernels.aot`), by name: the module's attribute."""
+
+
+def aot_args(kernel: str, dtype: torch.dtype, *, n_rows: int, n_cols: int,
+             n_programs: int = 528) -> tuple[tuple, dict]:
+    """(arguments, constexprs) of `kernel` ("fwd", "bwd", "column_sum") for an (n_rows, n_cols)
+    input, as the launcher passes them, on stand-in CPU tensors (only dtype and alignment are
+    read); `n_programs`: the backward's partial rows (4 per SM: 528 on an H100)."""
+    x2 = torch.empty(n_rows, n_cols, dtype=dtype)
+    weight = torch.empty(n_cols, dtype=dtype)
+    rstd = torch.empty(n_rows, dtype=torch.float32)
+    partial = torch.empty(n_programs, n_cols, dtype=torch.float32)
+    if kernel == "fwd":
+        return _forward_args(x2, weight, torch.empty_like(x2), rstd, 1e-5), {}
+    if kernel == "bwd":
+        return _backward_args(x2, weight, rstd, torch.empty_like(x2), torch.empty_like(x2),
+                              partial), {}
+    consts = {k: v for k, v in COLUMN_SUM_TILE.items() if k != "num_warps"}
+    return _column_sum_args(partial, weight), consts
 
 
 class _RMSNorm(torch.autograd.Function):

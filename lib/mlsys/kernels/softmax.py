@@ -38,8 +38,11 @@ from mlsys.kernels._triton import (
     triton,
 )
 
-MAX_COLS = 65536
-"""Longest row the single-pass kernel holds in registers (32 warps x 64 fp32 values per thread)."""
+MAX_COLS = 16384
+"""Longest row the single-pass kernels hold in registers without spilling, on sm_80 and sm_90 (the
+compile report): the forward keeps a clean tile up to 32,768 columns, the backward (y and dy held
+at once) up to 16,384; at 65,536 even the forward's only tile, 32 warps of 64 values a thread
+against a cap of 64 registers, spills."""
 
 
 def softmax_ref(x: Float[Tensor, "... n"]) -> Float[Tensor, "... n"]:
@@ -83,7 +86,7 @@ def softmax_backward_flops(shape: tuple[int, ...]) -> int:
     return flops.softmax_backward_flops(*rows_cols(shape))
 
 
-@row_autotune
+@row_autotune("softmax.fwd")
 @triton.jit
 def _softmax_fwd_kernel(x_ptr, y_ptr, n_rows, n_cols, stride_xm, stride_ym, BLOCK_N: tl.constexpr,
                         BLOCK_M: tl.constexpr):
@@ -105,7 +108,7 @@ def _softmax_fwd_kernel(x_ptr, y_ptr, n_rows, n_cols, stride_xm, stride_ym, BLOC
     tl.store(y_ptrs, y.to(y_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
-@row_autotune
+@row_autotune("softmax.bwd")
 @triton.jit
 def _softmax_bwd_kernel(y_ptr, dy_ptr, dx_ptr, n_rows, n_cols, stride_ym, stride_dym, stride_dxm,
                         BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr):
@@ -129,32 +132,49 @@ def _check(x: Tensor) -> None:
     check_input(x, "x")
     if x.shape[-1] > MAX_COLS:
         raise ValueError(f"x has rows of {x.shape[-1]} elements; this single-pass kernel holds "
-                         f"at most {MAX_COLS}")
+                         f"at most {MAX_COLS} without spilling registers: use softmax_ref")
+
+
+def _forward_args(x2: Tensor, y2: Tensor) -> tuple:
+    """The forward kernel's arguments for (rows, cols) matrices x2 and y2: BLOCK_N covers a row."""
+    n_rows, n_cols = x2.shape
+    return x2, y2, n_rows, n_cols, x2.stride(0), y2.stride(0), triton.next_power_of_2(n_cols)
+
+
+def _backward_args(y2: Tensor, dy2: Tensor, dx2: Tensor) -> tuple:
+    n_rows, n_cols = y2.shape
+    return (y2, dy2, dx2, n_rows, n_cols, y2.stride(0), dy2.stride(0), dx2.stride(0),
+            triton.next_power_of_2(n_cols))
 
 
 def _softmax_forward(x: Tensor) -> Tensor:
     """Launch the forward kernel on a checked, contiguous x: one program per BLOCK_M rows."""
-    n_cols = x.shape[-1]
-    x2 = x.view(-1, n_cols)
+    x2 = x.view(-1, x.shape[-1])
     y2 = torch.empty_like(x2)
-    n_rows = x2.shape[0]
-    grid = lambda meta: (triton.cdiv(n_rows, meta["BLOCK_M"]),)
-    block_n = triton.next_power_of_2(n_cols)
-    _softmax_fwd_kernel[grid](x2, y2, n_rows, n_cols, x2.stride(0), y2.stride(0), block_n)
+    grid = lambda meta: (triton.cdiv(x2.shape[0], meta["BLOCK_M"]),)
+    _softmax_fwd_kernel[grid](*_forward_args(x2, y2))
     return y2.view(x.shape)
 
 
 def _softmax_backward(y: Tensor, dy: Tensor) -> Tensor:
-    n_cols = y.shape[-1]
-    y2, dy2 = y.view(-1, n_cols), dy.reshape(-1, n_cols)
+    y2, dy2 = y.view(-1, y.shape[-1]), dy.reshape(-1, y.shape[-1])
     dx2 = torch.empty_like(y2)
-    n_rows = y2.shape[0]
-    grid = lambda meta: (triton.cdiv(n_rows, meta["BLOCK_M"]),)
-    _softmax_bwd_kernel[grid](
-        y2, dy2, dx2, n_rows, n_cols, y2.stride(0), dy2.stride(0), dx2.stride(0),
-        triton.next_power_of_2(n_cols),
-    )
+    grid = lambda meta: (triton.cdiv(y2.shape[0], meta["BLOCK_M"]),)
+    _softmax_bwd_kernel[grid](*_backward_args(y2, dy2, dx2))
     return dx2.view(y.shape)
+
+
+AOT_KERNELS = {"fwd": "_softmax_fwd_kernel", "bwd": "_softmax_bwd_kernel"}
+"""The kernels compiled ahead of time (`mlsys.kernels.aot`), by name: the module's attribute."""
+
+
+def aot_args(kernel: str, dtype: torch.dtype, *, n_rows: int, n_cols: int) -> tuple[tuple, dict]:
+    """(arguments, constexprs) of `kernel` ("fwd", "bwd") for an (n_rows, n_cols) input, as the
+    launcher passes them, on stand-in CPU tensors (only their dtype and alignment are read)."""
+    x2 = torch.empty(n_rows, n_cols, dtype=dtype)
+    if kernel == "fwd":
+        return _forward_args(x2, torch.empty_like(x2)), {}
+    return _backward_args(x2, torch.empty_like(x2), torch.empty_like(x2)), {}
 
 
 class _Softmax(torch.autograd.Function):
