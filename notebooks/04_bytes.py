@@ -523,7 +523,7 @@ plt.show()
 # of the GPU run (the roofline's memory time, stretched by the last wave of
 # programs; a prediction, not a measurement):
 
-# %%
+# %% tags=["hide-input"]
 report = compile_report.load()
 glue("row_room", compile_tables.row_room(report, "sm_90"))
 chains = {c.launch.problem["k"]: c for c in report.select("elementwise.repeat_unary", "fp32",

@@ -51,7 +51,7 @@ from IPython.display import display
 
 from mlsys import experiments, hardware, plotting, third_party
 from mlsys.accounting import attention as A
-from mlsys.accounting import flops
+from mlsys.accounting import flops, tiles
 from mlsys.accounting.params import param_counts
 from mlsys.book import Table, glue, num
 from mlsys.experiments import attention_model_step, attention_sweep, flash_benchmark
@@ -380,10 +380,11 @@ glue("big_seq", f"{n_big:,}")
 # when they ran out (`mlsys.kernels.aot`). `python -m mlsys.kernels.compile_report` does this for
 # every tile the autotuner could try, for both targets, and removes from the search space every
 # tile that spills, asks for more shared memory than a block may have, or whose 16-bit dot
-# products miss the tensor cores; `make test` compiles every tile that is left. The committed
+# products miss the tensor cores; `make test` compiles every tile left for the problems the
+# chapters launch. The committed
 # report ({glue:text}`aot_provenance`) for bf16, $d$ = 128, causal, on the H100:
 
-# %%
+# %% tags=["hide-input"]
 report = compile_report.load()
 glue("aot_provenance", f"Triton {report.provenance['triton_version']}, "
      f"{report.provenance['date'][:10]}, {len(report.entries):,} compiles")
@@ -393,10 +394,14 @@ compile_tables.flash_table(report, "sm_90", dtype="bf16", head_dim=128, causal=T
 # Per tile: registers per thread and spilled bytes (ptxas), the shared memory a block asks for at
 # launch beside the rule of `mlsys.accounting.tiles` in parentheses, the warps an SM can keep
 # resident with these resources and which resource caps them (`mlsys.accounting.occupancy`), and
-# the tensor-core instructions in the SASS. The A100's table, where the same tiles need more
-# registers (its `mma.sync` keeps both operands in registers), is behind the toggle:
+# the tensor-core instructions in the SASS. The A100's table is behind the toggle: there
+# {glue:text}`more_regs` tiles need more registers than on the H100, since `mma.sync` keeps both
+# operands in registers where `wgmma` reads them from shared memory.
 
 # %% tags=["hide-output"]
+more, both = compile_tables.more_registers(report, "sm_80", "sm_90", dtype="bf16", head_dim=128,
+                                           causal=True)
+glue("more_regs", f"{more} of {both}")
 compile_tables.flash_table(report, "sm_80", dtype="bf16", head_dim=128, causal=True)
 
 # %% [markdown]
@@ -416,7 +421,7 @@ compile_tables.flash_table(report, "sm_80", dtype="bf16", head_dim=128, causal=T
 # masks live: the floor says which tiles cannot fit, not which will. No tile that compiled clean
 # used fewer registers than its floor.
 
-# %%
+# %% tags=["hide-input"]
 smem, regs = compile_tables.shared_memory_check(report), compile_tables.register_check(report)
 assert smem.exact + smem.plus_p_tile == smem.total and regs.below_floor == 0
 assert regs.must_spill_and_spilled == regs.must_spill
@@ -427,16 +432,19 @@ glue("smem_fp32", f"{smem.fp32_ratio[0]:.0%} to {smem.fp32_ratio[1]:.0%}")
 glue("regs_must", regs.must_spill)
 glue("regs_early", regs.spilled - regs.must_spill)
 glue("regs_low", f"{regs.smallest_spilling_floor:.0%}")
+dkdv = tiles.flash_register_floor("dkdv", 64, 128, 128, 4)
+glue("dkdv_acc", dkdv.parts["accumulators"])
+glue("regs_cap", dkdv.limit)
 compile_tables.removal_table(report)
 
 # %% [markdown]
 # What the removed flash tiles have in common: 4 warps holding large fp32 accumulators (the dK/dV
-# kernel's two $128 \times 128$ tiles alone are 256 registers a thread at 4 warps, past the 255 a
-# thread may have). fp32 inputs have a space of their own from the start, small tiles with 8
-# warps: their IEEE dot product has no tensor-core path and keeps each thread's slices of both
-# operands in registers, so the 16-bit space's tiles spill, or leave nothing at $d$ = 128. The
-# row kernels lost their widest tiles; where none was left, their rows stop (`MAX_COLS`,
-# {ref}`sec-bytes`).
+# kernel's two $128 \times 128$ tiles alone are {glue:text}`dkdv_acc` registers a thread at 4
+# warps, past the {glue:text}`regs_cap` a thread may have). fp32 inputs have a space of their own
+# from the start, small tiles with 8 warps: their IEEE dot product has no tensor-core path and
+# keeps each thread's slices of both operands in registers, so the 16-bit space's tiles spill, or
+# leave nothing at $d$ = 128. The row kernels lost their widest tiles; where none was left,
+# their rows stop (`MAX_COLS`, {ref}`sec-bytes`).
 #
 # One forward tile compiled now, for each target: the tensor-core instructions and the
 # asynchronous copies that feed them, in PTX and in SASS.
@@ -467,16 +475,15 @@ if _triton.HAS_TRITON:  # compiling needs Triton (Linux), not a GPU
 # the roofline time of the tile's FLOPs and bytes (larger query tiles read $K$ and $V$ fewer
 # times) on the H100, stretched by the last wave of programs (a grid that does not fill its last
 # wave of SMs x resident blocks leaves SMs idle). {glue:text}`why_tile` On a GPU the autotuner
-# times the kept tiles and picks by measurement; the record below shows what it measured.
+# times the kept tiles and picks by measurement; an H100 record, where one exists, fills the last
+# column with the forward it timed.
 
-# %%
+# %% tags=["hide-input"]
 GPU_BENCH = flash_benchmark.SIZES["gpu"]  # predictions at the GPU run's sizes, on any machine
 problems = [(flash_benchmark.batch_for(GPU_BENCH, n), n) for n in GPU_BENCH.seqs]
 _, why_text = compile_tables.why_this_tile(report, "sm_90", heads=GPU_BENCH.heads, seq=16_384)
 glue("why_tile", why_text)
-seen = {k: v for record in experiments.recorded("flash_benchmark")
-        if "H100" in record["provenance"]["device"]
-        for k, v in flash_benchmark.forward_seconds(record["results"]).items()}
+seen = flash_benchmark.recorded_forward_seconds(hardware.H100_SXM)
 compile_tables.flash_predictions(report, "sm_90", problems, heads=GPU_BENCH.heads, measured=seen)
 
 # %% [markdown]

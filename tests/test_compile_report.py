@@ -67,8 +67,8 @@ def test_16_bit_flash_reaches_the_tensor_cores_and_fp32_is_exact_fp32(report):
     for c in report.entries:
         if not compile_report.uses_tensor_cores(c.launch) or not c.ok:
             continue
-        opcode = "HGMMA" if c.launch.target == "sm_90" else "HMMA"
-        assert c.opcodes.get(opcode, 0) > 0 or verdict(c) != "kept", c.launch.label()
+        opcode = "HGMMA" if c.launch.target == "sm_90" else "HMMA"  # wgmma on sm_90, mma.sync
+        assert c.opcodes.get(opcode, 0) > 0, c.launch.label()  # kept or removed, every tile
     fp32 = report.select("flash_attention.fwd", "fp32")
     assert fp32 and all(c.tensor_core_instructions == 0 for c in fp32)  # FP32_FLASH: kept so
     assert "IEEE" in compile_report.FP32_FLASH
@@ -126,6 +126,9 @@ def test_tables_and_the_why_this_tile_verdict_are_computed(report):
     best, text = compile_tables.why_this_tile(report, "sm_90")
     assert verdict(best) == "kept" and "compute-bound" in text and "predicts" in text
     assert len(compile_tables.removal_table(report).rows) > 20
+    more, both = compile_tables.more_registers(report, "sm_80", "sm_90", dtype="bf16",
+                                               head_dim=128, causal=True)
+    assert both == 48 and 0 < more <= both
 
 
 def _fake(**kw):

@@ -121,3 +121,23 @@ def test_attention_model_step_matches_saved_bytes():
     assert mem["sdpa"]["saved_bytes"] == mem["flash_torch"]["saved_bytes"] < mem["naive"][
         "saved_bytes"]
     assert set(attention_model_step.verdicts(rows)) == {"memory", "time"}
+
+
+def test_recorded_forward_seconds_reads_only_the_named_gpus_records(tmp_path, monkeypatch):
+    from mlsys import hardware, results
+    from mlsys.experiments import flash_benchmark
+
+    rows = [{"kind": "row", "status": "ok", "implementation": "flash_triton", "dtype": "bf16",
+             "causal": True, "d_head": 128, "seq": 512, "batch": 8, "problems": [],
+             "forward": {"median_s": 2e-3, "p20_s": 2e-3, "p80_s": 2e-3, "samples_s": [2e-3]}}]
+    for name in ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB"):
+        folder = tmp_path / results.device_slug(name)
+        folder.mkdir()
+        record = {"experiment": "flash_benchmark", "results": rows, "provenance": {
+            "device": name, "device_type": "cuda", "profile": "gpu", "torch_version": "2.13",
+            "triton_version": "3.7.1", "cuda_version": "12.8", "date": "2026-11-25",
+            "git_commit": "x", "command": "python -m mlsys.experiments flash_benchmark"}}
+        (folder / "flash_benchmark.json").write_text(__import__("json").dumps(record))
+    monkeypatch.setattr(results, "RESULTS_DIR", tmp_path)
+    assert flash_benchmark.recorded_forward_seconds(hardware.H100_SXM) == {(8, 512): 2e-3}
+    assert flash_benchmark.recorded_forward_seconds(hardware.H200_SXM) == {}

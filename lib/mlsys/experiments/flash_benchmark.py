@@ -27,7 +27,7 @@ from mlsys import bench, env, hardware
 from mlsys.accounting import attention as A
 from mlsys.book import Table, num, verdict
 from mlsys.dtypes import torch_dtype
-from mlsys.experiments import Experiment, timing_fields
+from mlsys.experiments import Experiment, recorded, timing_fields
 
 IMPLEMENTATIONS = ("flash_triton", "flash_torch", "naive", "compiled", "sdpa_math",
                    "sdpa_efficient", "sdpa_flash", "sdpa_cudnn")
@@ -216,6 +216,14 @@ def forward_seconds(rows: list[dict[str, Any]], *, implementation: str = "flash_
     return {(r["batch"], r["seq"]): seconds(r, "forward") for r in measured(rows)
             if (r["implementation"], r["dtype"], r["causal"], r["d_head"])
             == (implementation, dtype, causal, d_head)}
+
+
+def recorded_forward_seconds(accelerator: hardware.Accelerator,
+                             **combo: Any) -> dict[tuple[int, int], float]:
+    """`forward_seconds` of every GPU record made on `accelerator` (its exact device names)."""
+    return {k: v for record in recorded("flash_benchmark")
+            if hardware.match_device_name(record["provenance"]["device"]) is accelerator
+            for k, v in forward_seconds(record["results"], **combo).items()}
 
 
 def targets(rows: list[dict[str, Any]], accelerator: hardware.Accelerator | None = None) -> str:

@@ -49,6 +49,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -203,9 +204,8 @@ def source_hash(kernel: str) -> str:
 
 
 def triton_version() -> str:
-    from importlib.metadata import version  # standard library; Triton may be absent (macOS)
-
-    return version("triton")
+    """The installed Triton's version (PackageNotFoundError where it is absent: macOS)."""
+    return metadata.version("triton")
 
 
 def cache_dir() -> Path:

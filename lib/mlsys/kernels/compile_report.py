@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlsys import checks
+from mlsys import bench, checks, env
 from mlsys.kernels import aot
 from mlsys.kernels.aot import Compiled, Launch
 from mlsys.kernels.tile_space import REPORT_PATH
@@ -105,6 +105,7 @@ def candidates(matrix: str = "ci", targets: Iterable[str] = CI_TARGETS, *,
     """The launches of `matrix` ("ci" or "full") for `targets`. Tiles: those the library's
     pruning keeps (`every=False`), or every candidate its heuristics allow before the compile
     report's removals (`every=True`: what the full report judges)."""
+    # the kernel modules import Triton (and set up its interpreter): only when launches are asked
     from mlsys.kernels import flash_attention as FA
     from mlsys.kernels import rmsnorm
 
@@ -193,8 +194,6 @@ def build(matrix: str = "full", targets: Iterable[str] = CI_TARGETS, *, every: b
     """Compile the launches of `matrix` for `targets` (all candidates with `every`, else only
     the tiles the library keeps; without `sass`, tensor cores counted in the PTX) and return
     the report."""
-    from mlsys import bench, env  # floor 1 and 3 helpers: provenance of the report
-
     targets = tuple(targets)
     launches = candidates(matrix, targets, every=every)
     start = time.perf_counter()

@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from mlsys import book, checks, hardware, roofline
+from mlsys import book, checks, dtypes, hardware, roofline
 from mlsys.accounting import attention as A
 from mlsys.accounting import bytes as B
 from mlsys.accounting import flops, tiles
@@ -30,7 +30,6 @@ from mlsys.kernels.compile_report import ROW_KERNELS, Report, verdict
 
 GPU_OF_TARGET = {"sm_80": hardware.A100_80GB_SXM, "sm_90": hardware.H100_SXM}
 """The GPU whose roofline a target's prediction uses."""
-ELEM_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 CANNOT_CHOOSE = 1.05
 """Kept tiles whose predictions lie within this factor are a tie for the model."""
 
@@ -58,7 +57,7 @@ def flash_smem_rule(c: Compiled) -> int:
     """`tiles.flash_smem_bytes` for a flash entry of the report."""
     t, p = c.launch.tile, c.launch.problem
     return tiles.flash_smem_bytes(c.launch.kernel.split(".")[1], t["BLOCK_M"], t["BLOCK_N"],
-                                  p["head_dim"], ELEM_BYTES[c.launch.dtype],
+                                  p["head_dim"], dtypes.bytes_per_element(c.launch.dtype),
                                   c.launch.num_stages, c.launch.target)
 
 
@@ -96,18 +95,32 @@ def _flash(report: Report, **where) -> list[Compiled]:
 
 def flash_table(report: Report, target: str, *, dtype: str = "bf16", head_dim: int = 128,
                 causal: bool = True) -> book.Table:
-    """Per kernel and tile: registers, spills, shared memory (compiled and by the rule),
-    resident warps per SM (and what limits them), tensor-core instructions, verdict."""
+    """Per kernel and tile (rows x columns, warps, stages): registers, spills, shared memory
+    (compiled and by the rule), resident warps per SM (and what limits them), tensor-core
+    instructions, verdict."""
     rows = []
     for c in _flash(report, dtype=dtype, target=target, head_dim=head_dim, causal=causal):
         occ = c.occupancy() if c.ok else None
-        rows.append([c.launch.kernel.split(".")[1], _tile(c), c.launch.num_warps,
-                     c.launch.num_stages, c.registers, c.spill_store_bytes,
+        rows.append([c.launch.kernel.split(".")[1],
+                     f"{_tile(c)} w{c.launch.num_warps} s{c.launch.num_stages}",
+                     c.registers, c.spill_store_bytes,
                      f"{_kib(c.shared_bytes)} ({_kib(flash_smem_rule(c))})",
                      f"{occ.warps_per_sm} ({occ.limiter})" if occ else "-",
                      c.tensor_core_instructions, short_verdict(c)])
-    return book.Table(["kernel", "tile", "warps", "stages", "regs", "spill B",
-                       "smem KiB (rule)", "warps/SM", "MMA instr", "verdict"], rows)
+    return book.Table(["kernel", "tile, warps, stages", "regs", "spill B", "smem KiB (rule)",
+                       "warps/SM", "MMA", "verdict"], rows)
+
+
+def more_registers(report: Report, target: str, than: str, **where) -> tuple[int, int]:
+    """(tiles that need more registers on `target` than on `than`, tiles compiled on both) over
+    the flash entries matching `where` (dtype=..., head_dim=..., causal=...)."""
+    other = {(c.launch.kernel, tuple(c.launch.tile.items()), c.launch.num_warps,
+              c.launch.num_stages): c for c in _flash(report, target=than, **where) if c.ok}
+    pairs = [(c, other.get((c.launch.kernel, tuple(c.launch.tile.items()), c.launch.num_warps,
+                            c.launch.num_stages))) for c in _flash(report, target=target, **where)
+             if c.ok]
+    pairs = [(c, o) for c, o in pairs if o is not None]
+    return sum(c.registers > o.registers for c, o in pairs), len(pairs)
 
 
 def removal_table(report: Report) -> book.Table:
@@ -225,7 +238,7 @@ def predict_flash_forward(c: Compiled, batch: int, heads: int, seq: int) -> Pred
     tiles_per_head = math.ceil(seq / t["BLOCK_M"])
     resident = gpu.sm_count * c.occupancy().blocks_per_sm
     in_flight = min(batch * heads, math.ceil(resident / tiles_per_head))
-    kv_bytes = in_flight * 2 * seq * d * ELEM_BYTES[dtype]
+    kv_bytes = in_flight * 2 * seq * d * dtypes.bytes_per_element(dtype)
     from_l2 = gpu.l2_bytes is not None and kv_bytes <= gpu.l2_bytes
     block_q = seq if from_l2 else t["BLOCK_M"]  # one query tile per head: K and V read once
     traffic = A.flash_forward_traffic(batch, heads, seq, seq, d, dtype, block_q=block_q,
@@ -332,7 +345,8 @@ def predict_row_kernel(c: Compiled, n_rows: int, n_cols: int) -> Prediction:
 def row_predictions(report: Report, target: str, numel: int, widths: Iterable[int], *,
                     dtype: str = "bf16") -> book.Table:
     """Softmax and RMSNorm forward on `numel` elements in rows of each width: the kept tile with
-    the lowest predicted time, its resources, and the predicted time and bandwidth."""
+    the lowest predicted time (tile: rows per program and warps), its resources, and the
+    predicted time and bandwidth."""
     rows = []
     for kernel in ("softmax.fwd", "rmsnorm.fwd"):
         for n_cols in widths:
@@ -345,12 +359,12 @@ def row_predictions(report: Report, target: str, numel: int, widths: Iterable[in
             best = min(kept, key=lambda c: (preds[id(c)].time_s, -c.occupancy().warps_per_sm))
             p = preds[id(best)]
             rows.append([kernel, f"{n_cols:,}", f"{n_rows:,}",
-                         f"{best.launch.tile['BLOCK_M']} x w{best.launch.num_warps}",
+                         f"{best.launch.tile['BLOCK_M']} w{best.launch.num_warps}",
                          best.registers, best.occupancy().warps_per_sm,
                          f"{p.wave_efficiency:.0%}", f"{p.time_s * 1e6:,.0f}",
                          f"{p.n_bytes / p.time_s / 1e9:,.0f}"])
-    return book.Table(["kernel", "row length", "rows", "tile (rows x warps)", "regs",
-                       "warps/SM", "waves busy", "predicted µs", "GB/s"], rows)
+    return book.Table(["kernel", "cols", "rows", "tile", "regs", "warps/SM", "waves",
+                       "µs (pred.)", "GB/s"], rows)
 
 
 def row_room(report: Report, target: str, dtype: str = "bf16") -> str:

@@ -19,6 +19,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from mlsys import checks
 
 REPORT_PATH = Path(__file__).with_name("compile_report.json")
@@ -70,7 +72,5 @@ def removed(kernel: str, dtype: str, target: str, *, path: Path = REPORT_PATH,
 
 def device_target(device: Any) -> str:
     """The report target of a CUDA device (a torch.device or index)."""
-    import torch  # the caller already has torch; imported here to keep this module light
-
     major, minor = torch.cuda.get_device_capability(device)
     return report_target(10 * major + minor)
