@@ -1,5 +1,6 @@
 """mlsys.distributed.fsdp on 2 gloo ranks: FSDP by hand (with and without prefetch, fp32 and bf16
-compute) and PyTorch's FSDP2 train like one process; the bytes are the accounting's.
+compute, bf16 from a precision policy) and PyTorch's FSDP2 train like one process; the bytes are
+the accounting's. Other modules, wrap policies and tied weights: test_fsdp_any_module.py.
 
 One launch serves every case; rank functions live at module level (the ranks import this file).
 """
@@ -13,17 +14,18 @@ from mlsys.accounting import parallel as P
 from mlsys.distributed import comms, fsdp, launch
 
 CASES = {"prefetch": {"prefetch": True}, "no prefetch": {"prefetch": False},
-         "bf16": {"compute": "bf16"}, "fully_shard": {"torch_fsdp": True}}
+         "bf16": {"compute": "bf16"}, "bf16 policy": {"policy": "bf16_mixed_adamw_fp32_grads"},
+         "fully_shard": {"torch_fsdp": True}}
 
 
-def train(rank, prefetch=True, compute=None, torch_fsdp=False):
+def train(rank, prefetch=True, compute=None, torch_fsdp=False, policy=None):
     """STEPS AdamW steps on this rank's half of each batch."""
     model = build()
     dtype = torch.bfloat16 if compute == "bf16" else None
     if torch_fsdp:
         fsdp.apply_fully_shard(model, rank.group, param_dtype=dtype)
     else:
-        fsdp.apply_fsdp(model, rank.group, compute_dtype=dtype, prefetch=prefetch)
+        fsdp.apply_fsdp(model, rank.group, compute_dtype=dtype, prefetch=prefetch, policy=policy)
     shards = [(n, p.numel(), p.dtype) for n, p in model.named_parameters()]
     opt = optimizer(model.parameters())
     out = {"losses": [], "shards": shards}
@@ -72,6 +74,7 @@ def _mean_losses(per_rank, name):
     return [sum(r[name]["losses"][s] for r in per_rank) / len(per_rank) for s in range(STEPS)]
 
 
+@pytest.mark.timeout(200)  # past the launcher's deadlines (60 s + 120 s)
 @pytest.mark.parametrize("name", ["prefetch", "no prefetch", "fully_shard"])
 def test_fsdp_trains_like_one_process_in_fp32(results, name):
     ref = reference()
@@ -81,6 +84,7 @@ def test_fsdp_trains_like_one_process_in_fp32(results, name):
         assert_matches(r[name]["params"], ref["params"], what=f"{name} params")
 
 
+@pytest.mark.timeout(200)
 def test_bf16_compute_keeps_fp32_master_shards_and_stays_close(results):
     ref = reference()
     assert _mean_losses(results, "bf16") == pytest.approx(ref["losses"], rel=1e-2)
@@ -90,6 +94,18 @@ def test_bf16_compute_keeps_fp32_master_shards_and_stays_close(results):
         assert_matches(r["bf16"]["params"], ref["params"], "bf16", "bf16 params")
 
 
+@pytest.mark.timeout(200)
+def test_a_policy_gives_the_dtypes_it_names(results):
+    """bf16_mixed_adamw_fp32_grads: bf16 gathers and compute, fp32 reduction and master shards,
+    the same run as compute_dtype=bf16 (reduce_dtype's default is fp32), bit for bit."""
+    for r in results:
+        assert r["bf16 policy"]["losses"] == r["bf16"]["losses"]
+        assert r["bf16 policy"]["shards"] == r["bf16"]["shards"]
+        for what in ("grads", "params"):
+            for name, tensor in r["bf16"][what].items():
+                assert torch.equal(r["bf16 policy"][what][name], tensor), (what, name)
+
+
 def test_each_rank_holds_one_padded_shard_per_unit():
     dims = P.ParallelDims(dp_shard=2)
     units = P.fsdp_units(CFG, dims)
@@ -97,6 +113,7 @@ def test_each_rank_holds_one_padded_shard_per_unit():
     assert sum(units) == sum(p.numel() for p in build().parameters())
 
 
+@pytest.mark.timeout(200)
 def test_shards_and_bytes_are_the_accountings(results):
     units = P.fsdp_units(CFG, P.ParallelDims(dp_shard=2))
     for name, param_dtype in (("prefetch", "fp32"), ("no prefetch", "fp32"), ("bf16", "bf16")):
@@ -112,6 +129,7 @@ def test_shards_and_bytes_are_the_accountings(results):
     assert bf16 < fp32  # bf16 gathers move half the weight bytes
 
 
+@pytest.mark.timeout(200)
 def test_bad_arguments_are_clear_errors(results):
     messages = results[0]["misuse"]
     assert "group must be a torch.distributed.ProcessGroup" in messages[0]

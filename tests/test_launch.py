@@ -5,13 +5,15 @@ Rank functions live at module level: the ranks import this file to find them.
 """
 
 import os
+import signal
 import socket
+import threading
 import time
 
 import psutil
 import pytest
 
-from mlsys.distributed import launch
+from mlsys.distributed import launch, launch_compare
 
 FAST = {"timeout_s": 30, "collective_timeout_s": 5}
 
@@ -70,18 +72,40 @@ def gone(pids):
 
 def rank_descendants():
     """Processes below this one other than multiprocessing's fork server and resource tracker,
-    and the background compile of the kernels' tiles (tests/conftest.py) with its tools."""
-    helpers = ("forkserver", "resource_tracker", "mlsys.kernels.compile_report",
-               "mlsys.kernels.aot", "ptxas", "cuobjdump", "nvdisasm")
+    and the background compile of the kernels' tiles (tests/conftest.py) with its tools. Ranks
+    forked by the fork server share its command line, so only the server itself (a child of this
+    process) is left out."""
+    helpers = ("resource_tracker", "mlsys.kernels.compile_report", "mlsys.kernels.aot", "ptxas",
+               "cuobjdump", "nvdisasm")
     found = []
     for p in psutil.Process().children(recursive=True):
         try:  # a compiler's tool may end between the listing and the look
-            if p.status() != psutil.STATUS_ZOMBIE and not any(
-                    h in " ".join(p.cmdline()) for h in helpers):
+            command = " ".join(p.cmdline())
+            server = "multiprocessing.forkserver" in command and p.ppid() == os.getpid()
+            if p.status() != psutil.STATUS_ZOMBIE and not server and not any(
+                    h in command for h in helpers):
                 found.append(p)
         except psutil.NoSuchProcess:
             continue
     return found
+
+
+def running(proc):
+    """Still running (a zombie is not; a new process that took the pid is not `proc`)."""
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def still_running(procs, within_s=5.0):
+    """Those of `procs` (psutil processes) still running after waiting up to `within_s` s."""
+    deadline = time.monotonic() + within_s
+    while True:
+        left = [p for p in procs if running(p)]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
 
 
 def test_run_returns_every_ranks_value_and_leaves_nothing():
@@ -177,12 +201,63 @@ def test_each_launch_gets_its_own_free_port():
     (lambda: launch.start(2, timeout_s=0), ValueError, "timeout_s must be > 0"),
     (lambda: launch.start(2, port=70_000), ValueError, "port must be at most 65535"),
     (lambda: launch.start(2, start_method="fork"), ValueError, "start_method='fork'"),
+    (lambda: launch.start(launch.cpu_rank_limit() + 1), ValueError,
+     r"world_size \(\d+\) is more ranks than this CPU can run: at most 4 per core"),
     (lambda: launch.run(lambda rank: 1, 2), TypeError, "must be picklable"),
     (lambda: launch.run("whoami", 2), TypeError, "fn must be a callable"),
 ])
 def test_bad_arguments_fail_before_anything_starts(call, error, message):
     with pytest.raises(error, match=message):
         call()
+
+
+def test_the_cpu_rank_limit_is_the_rule_the_docstring_states():
+    assert launch.cpu_rank_limit() == max(8, 4 * (os.cpu_count() or 1))
+
+
+def test_a_world_far_beyond_the_machine_is_refused_before_anything_starts():
+    before = {p.pid for p in rank_descendants()}
+    start = time.monotonic()
+    with pytest.raises(ValueError, match=f"gives {launch.cpu_rank_limit()}$"):
+        launch.run(whoami, 10_000, args=(0,), **FAST)
+    assert time.monotonic() - start < 1.0
+    assert {p.pid for p in rank_descendants()} <= before
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("start_method", "timeout_s"), [
+    ("forkserver", 1e-3),  # the ranks are not even forked by then
+    ("spawn", 0.3),  # spawned ranks are still importing torch (1.5 s or more)
+])
+def test_a_start_that_cannot_finish_in_time_raises_within_it_and_leaves_nothing(start_method,
+                                                                                timeout_s):
+    import torch.distributed  # noqa: F401  (this process's own import is not part of timeout_s)
+
+    before = {p.pid for p in rank_descendants()}
+    start = time.monotonic()
+    with pytest.raises(launch.RankFailed, match="^start: .*every rank was stopped"):
+        launch.start(2, timeout_s=timeout_s, collective_timeout_s=5, start_method=start_method)
+    assert time.monotonic() - start < timeout_s + 1.0
+    for thread in threading.enumerate():  # the ranks' starter, where a rank was still starting
+        if thread.name == "mlsys-launch-start":
+            thread.join(timeout=30)
+    left = still_running([p for p in rank_descendants() if p.pid not in before])
+    assert left == [], [" ".join(p.cmdline())[-80:] for p in left]
+
+
+@pytest.mark.timeout(120)
+def test_compare_launchers_gives_a_row_per_job():
+    handler, environ = signal.getsignal(signal.SIGTERM), dict(os.environ)
+    rows = launch_compare.compare_launchers(2, launchers=("mlsys-started", "elastic-fork"))
+    assert [(r["launcher"], r["call"]) for r in rows] == [
+        ("mlsys-started", 1), ("mlsys-started", 2), ("elastic-fork", 1), ("elastic-fork", 2)]
+    for row in rows:
+        assert set(row) == {"launcher", "call", "seconds", "value", "world_size", "cpus", "torch"}
+        assert row["seconds"] > 0 and row["value"] == 3.0 and row["world_size"] == 2
+    assert signal.getsignal(signal.SIGTERM) is handler  # elastic_launch's handler was taken back
+    assert dict(os.environ) == environ  # and the variable it sets
+    with pytest.raises(ValueError, match="launchers='torchrun' is not one of"):
+        launch_compare.compare_launchers(2, launchers=("torchrun",))
 
 
 @pytest.mark.skipif(psutil.cpu_count() is None, reason="psutil cannot see this machine")

@@ -1,7 +1,10 @@
 """Distributed training on one machine: launching ranks, collectives, data parallelism and ZeRO.
 
 - `launch`: start N ranks (gloo on the CPU, NCCL on GPUs), run a function on each, get the values
-  back; free ports, timeouts, tracebacks of failing ranks, no orphan processes.
+  back; free ports, timeouts, tracebacks of failing ranks, no orphan processes (not even when
+  the launching process is killed).
+- `launch_compare`: the start time of a small job under `launch` and under PyTorch's own
+  launchers (`elastic_launch`, `torch.multiprocessing`), re-measured.
 - `comms`: a ring all-reduce written from sends and receives, and `count_bytes`, which wraps the
   `torch.distributed` calls and counts what each rank sends and receives (`accounting.comms`).
 - `ddp`: data parallelism as wrappers of an unmodified module: naive (one all-reduce per
