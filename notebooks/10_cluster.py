@@ -59,22 +59,28 @@ from mlsys.experiments import cluster_train
 from mlsys.train import checkpoint, loop
 
 # %% tags=["parameters"]
-RANKS = env.pick(smoke=2, cpu=2, gpu=min(8, max(1, torch.cuda.device_count())))
-FLAGS = ["--preset", env.pick(smoke="debug", cpu="laptop", gpu="small"),
-         "--steps", env.pick(smoke="8", cpu="40", gpu="200"), "--global-batch", "8",
-         "--seq-len", env.pick(smoke="32", cpu="128", gpu="1024"),
-         "--precision", env.pick(smoke="fp32_adamw", cpu="fp32_adamw", gpu="bf16_mixed_adamw"),
-         "--quiet"]
-# Checkpoints and restarts are shown on CPU ranks (gloo) whatever the machine: small and quick
-CPU_FLAGS = ["--preset", "debug", "--steps", "8", "--global-batch", "8", "--seq-len", "32",
-             "--device", "cpu", "--quiet"]
-KILL_AT = 5  # the step at which rank 1 SIGKILLs itself in the restart demonstration
+GPUS = max(1, torch.cuda.device_count())
+RANKS = env.pick(smoke=2, cpu=2, gpu=min(8, GPUS))
+FLAGS = [
+    "--preset", env.pick(smoke="debug", cpu="laptop", gpu="small"),
+    "--steps", env.pick(smoke="8", cpu="40", gpu="200"),
+    "--global-batch", "8",
+    "--seq-len", env.pick(smoke="32", cpu="128", gpu="1024"),
+    "--precision", env.pick(smoke="fp32_adamw", cpu="fp32_adamw",
+                            gpu="bf16_mixed_adamw"),
+    "--quiet",
+]
+# Checkpoints and restarts are shown on CPU ranks (gloo) on any machine
+CPU_FLAGS = ["--preset", "debug", "--steps", "8", "--global-batch", "8",
+             "--seq-len", "32", "--device", "cpu", "--quiet"]
+KILL_AT = 5  # the step at which rank 1 SIGKILLs itself (first attempt)
 SIZES = env.pick(**cluster_train.SIZES)
 WORK = Path(tempfile.mkdtemp(prefix="mlsys-ch10-"))
-# Napkin math at scale (nothing measured): a 70B model, Llama 3's cluster and failure count
-N_70B, STORAGE_BYTES_PER_S = 70e9, 100e9  # an aggregate write bandwidth of 100 GB/s, assumed
-LLAMA3_GPUS, LLAMA3_FAILURES, LLAMA3_DAYS = 16_384, 419, 54  # unexpected interruptions
-STEP_S, STEP_SPREAD = 10.0, 0.02  # a 10 s step whose compute varies by 2% between ranks
+# Napkin math at scale (nothing measured): a 70B model, Llama 3's failures
+N_70B = 70e9
+STORAGE_BYTES_PER_S = 100e9  # aggregate write bandwidth, assumed
+LLAMA3_GPUS, LLAMA3_FAILURES, LLAMA3_DAYS = 16_384, 419, 54  # unexpected ones
+STEP_S, STEP_SPREAD = 10.0, 0.02  # a 10 s step; compute varies 2% by rank
 
 # %% [markdown]
 # The strategies of chapter 09 were built by hand so that every byte they move could be counted.
@@ -153,24 +159,30 @@ assert rows[-1]["loss"] < rows[0]["loss"]
 # from step 4, under a different mesh, and finishes the run:
 
 # %%
-two = WORK / "two_ranks"
-launch.run(loop.train_in_launch, 2, args=([*CPU_FLAGS, "--ckpt", str(two), "--ckpt-every", "4"],),
-           timeout_s=600)
-step4 = checkpoint.latest(two).parent / "step_00000004"
-print(sorted(f"{p.name} {p.stat().st_size:,} B" for p in step4.iterdir()))
-one = WORK / "one_rank"
-shutil.copytree(step4, one / step4.name)
-launch.run(loop.train_in_launch, 1, args=([*CPU_FLAGS, "--ckpt", str(one)],), timeout_s=600)
-weights = {}
-for name, ckpt in {"two": two, "one": one}.items():
-    checkpoint.export(checkpoint.latest(ckpt), WORK / f"{name}.pt")
-    weights[name] = torch.load(WORK / f"{name}.pt", weights_only=True)
-gap = max((weights["two"][k] - weights["one"][k]).abs().max().item() for k in weights["two"])
+two, one = WORK / "two_ranks", WORK / "one_rank"
+flags = [*CPU_FLAGS, "--ckpt", str(two), "--ckpt-every", "4"]
+launch.run(loop.train_in_launch, 2, args=(flags,), timeout_s=600)
+step4 = two / "step_00000004"
+for path in sorted(step4.iterdir()):
+    print(f"{path.name:<16} {path.stat().st_size:>10,} B")
+shutil.copytree(step4, one / step4.name)  # resume from step 4 ...
+flags = [*CPU_FLAGS, "--ckpt", str(one)]
+launch.run(loop.train_in_launch, 1, args=(flags,), timeout_s=600)  # ... on 1 rank
+
+
+def final_weights(ckpt: Path) -> dict:
+    out = checkpoint.export(checkpoint.latest(ckpt), ckpt.with_suffix(".pt"))
+    return torch.load(out, weights_only=True)
+
+
+weights = {"two": final_weights(two), "one": final_weights(one)}
+gap = max((weights["two"][k] - weights["one"][k]).abs().max().item()
+          for k in weights["two"])
 glue("reshard_gap", f"{gap:.1e}")
-print(f"largest difference between the 2-rank run and the 2 -> 1 rank run: {gap:.1e}")
 
 # %% [markdown]
-# The run resumed on one rank ends {glue:text}`reshard_gap` away from the run that stayed on two:
+# The run resumed on one rank ends {glue:text}`reshard_gap` away from the run that stayed on two
+# (largest difference of any weight):
 # only the order of the floating-point sums differs (one rank sums its gradient in one piece, two
 # ranks reduce-scatter halves). The sampler's position is saved too, so the resumed run sees the
 # same batches; `tests/test_train_checkpoint.py` also reshards FSDP onto tensor parallelism, and
@@ -186,21 +198,18 @@ print(f"largest difference between the 2-rank run and the 2 -> 1 rank run: {gap:
 glue("kill_at", KILL_AT)
 
 
-def torchrun(ckpt: Path, restarts: int = 0, *flags: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           f"--max-restarts={restarts}", "-m", "mlsys.train", *CPU_FLAGS, *flags,
-           "--ckpt", str(ckpt), "--ckpt-every", "3"]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
-
-
-killed = torchrun(WORK / "killed", 1, "--kill-rank-at", f"1:{KILL_AT}")
-assert killed.returncode == 0, killed.stderr[-2000:]
-print(*[line for line in killed.stderr.splitlines() if "exitcode" in line][:1], sep="\n")
-logged = [r["step"] for r in loop.read_log(WORK / "killed" / "log.jsonl")]
-print("steps logged:", logged)
-checkpoint.export(checkpoint.latest(WORK / "killed"), WORK / "killed.pt")
-final = torch.load(WORK / "killed.pt", weights_only=True)
+killed = WORK / "killed"
+cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+       "--nproc-per-node=2", "--max-restarts=1",
+       "-m", "mlsys.train", *CPU_FLAGS, "--ckpt", str(killed), "--ckpt-every", "3",
+       "--kill-rank-at", f"1:{KILL_AT}"]
+done = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
+                      env={**os.environ, "OMP_NUM_THREADS": "1"})
+assert done.returncode == 0, done.stderr[-2000:]
+lost = next(line for line in done.stderr.splitlines() if "exitcode: -9" in line)
+print("torchrun:", lost[lost.index("failed"):].split(" of binary")[0])
+print("steps logged:", [r["step"] for r in loop.read_log(killed / "log.jsonl")])
+final = final_weights(killed)
 same = all(torch.equal(final[k], v) for k, v in weights["two"].items())
 glue("restart_verdict", "bit for bit equal to" if same else "NOT equal to")
 
@@ -225,8 +234,11 @@ glue("sizes_ranks", max(SIZES.world_sizes))
 live = cluster_train.run(SIZES)
 display(cluster_train.table(live))
 widest = max(cluster_train.runs(live), key=lambda r: r["world_size"])
-print(cluster_train.mfu_verdict(widest))
-print(cluster_train.scaling_verdict(live))
+glue("mfu_verdict", cluster_train.mfu_verdict(widest))
+glue("scaling_verdict", cluster_train.scaling_verdict(live))
+
+# %% [markdown]
+# {glue:text}`mfu_verdict` {glue:text}`scaling_verdict`
 
 # %% [markdown]
 # ### Recorded GPU results

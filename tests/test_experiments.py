@@ -390,3 +390,13 @@ def test_timings_round_trip_through_rows():
     again = experiments.timing_of(experiments.timing_fields(t))
     assert again.samples_s == t.samples_s and again.median_s == t.median_s
     assert again.drift == t.drift
+
+
+def test_missing_lists_what_has_no_record_for_the_device(tmp_path):
+    assert experiments.missing("NVIDIA H200", tmp_path) == list(experiments.NAMES)
+    done = experiments.record_path("train_step", "NVIDIA H200", tmp_path)
+    done.parent.mkdir(parents=True)
+    done.write_text("{}")
+    left = experiments.missing("NVIDIA H200", tmp_path)
+    assert "train_step" not in left and len(left) == len(experiments.NAMES) - 1
+    assert experiments.missing("NVIDIA H100 80GB HBM3", tmp_path) == list(experiments.NAMES)

@@ -68,7 +68,8 @@ class Experiment:
     name: str
     chapter: str  # the notebook (stem) that shows its live run and its records
     description: str
-    gpu_seconds: float  # expected duration of the GPU-size run on one H100
+    gpu_seconds: float  # expected duration of the GPU-size run on one H100 (1.5x the H200
+    # run's where one was recorded, process start included: results/nvidia-h200/)
     sizes: Mapping[str, Any]  # profile ("smoke", "cpu", "gpu") -> the module's Sizes
     run: Callable[..., list[dict[str, Any]]]  # run(sizes) -> rows
 
@@ -150,6 +151,12 @@ def record_path(name: str, device: str, out_dir: Path | None = None) -> Path:
     `<out_dir>/<device-slug>/<name>.json`, `out_dir` default `results/`."""
     root = results.RESULTS_DIR if out_dir is None else Path(out_dir)
     return root / results.device_slug(device) / f"{name}.json"
+
+
+def missing(device: str, out_dir: Path | None = None) -> list[str]:
+    """The experiments, in chapter order, with no record yet for `device` (its name) under
+    `out_dir` (default `results/`): what a GPU session runs next."""
+    return [name for name in NAMES if not record_path(name, device, out_dir).exists()]
 
 
 def write(record: dict[str, Any], out_dir: Path | None = None, *, force: bool = False) -> Path:

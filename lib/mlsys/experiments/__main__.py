@@ -7,6 +7,7 @@
     python -m mlsys.experiments --all          # on a CUDA GPU: every experiment, GPU sizes,
                                                # records written under results/<device>/
     python -m mlsys.experiments --chunk 2      # the second group of at most 8 minutes
+    python -m mlsys.experiments --missing      # every experiment with no record for this GPU yet
     python -m mlsys.experiments roofline_ops train_step --out /tmp/records
     python -m mlsys.experiments train_step --force   # replace an existing record
     python -m mlsys.experiments --smoke --all  # anywhere: tiny sizes, records in a temp dir
@@ -43,6 +44,8 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"experiments to run: {', '.join(experiments.NAMES)}")
     p.add_argument("--all", action="store_true", help="run every experiment")
     p.add_argument("--chunk", type=int, metavar="K", help="run the K-th chunk of --list (1-based)")
+    p.add_argument("--missing", action="store_true",
+                   help="run every experiment with no record for this device yet (under --out)")
     p.add_argument("--list", action="store_true", help="list the experiments and exit")
     p.add_argument("--smoke", action="store_true", help="tiny sizes (runs on a CPU in seconds)")
     p.add_argument("--out", type=Path, help="write records under DIR instead of results/")
@@ -93,13 +96,16 @@ def main(argv: Sequence[str] | None = None) -> list[Path] | list[dict[str, Any]]
         if not 1 <= args.chunk <= len(groups):
             parser.error(f"--chunk must be between 1 and {len(groups)}, got {args.chunk}")
         selected += groups[args.chunk - 1]
+    if args.missing:
+        selected += experiments.missing(env.device_name(), args.out)
     selected = list(dict.fromkeys(selected))  # each once, in order
     if args.check:
         if args.out is not None or args.force:
             parser.error("--check writes no record: --out and --force do not apply to it")
         return _check(selected or list(experiments.NAMES), argv)
     if not selected:
-        parser.error("name at least one experiment, or pass --all, --chunk K, --check or --list")
+        parser.error("name at least one experiment, or pass --all, --chunk K, --missing, --check "
+                     "or --list")
     on_gpu = env.device() == "cuda"
     if not args.smoke and not on_gpu:
         parser.error("GPU sizes need a CUDA GPU (records under results/ come only from real GPUs); "

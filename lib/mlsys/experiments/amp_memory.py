@@ -194,7 +194,7 @@ EXPERIMENT = Experiment(
     name="amp_memory",
     chapter="07_mixed_precision",
     description="inference and training peaks under fp32, bf16 autocast, pure bf16; cast cache",
-    gpu_seconds=60,
+    gpu_seconds=30,
     sizes=SIZES,
     run=run,
 )

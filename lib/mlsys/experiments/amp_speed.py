@@ -255,7 +255,7 @@ EXPERIMENT = Experiment(
     name="amp_speed",
     chapter="07_mixed_precision",
     description="fp32 vs bf16 autocast vs pure bf16: forward, fwd+bwd, step time and GPU peak",
-    gpu_seconds=150,
+    gpu_seconds=210,
     sizes=SIZES,
     run=run,
 )

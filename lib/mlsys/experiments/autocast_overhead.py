@@ -261,7 +261,7 @@ EXPERIMENT = Experiment(
     name="autocast_overhead",
     chapter="07_mixed_precision",
     description="op counts, weight-cast bytes and per-op cost of autocast: what sets bf16's floor",
-    gpu_seconds=90,
+    gpu_seconds=100,
     sizes=SIZES,
     run=run,
 )

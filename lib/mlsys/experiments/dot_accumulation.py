@@ -263,7 +263,7 @@ EXPERIMENT = Experiment(
     name="dot_accumulation",
     chapter="01_precision",
     description="dot products of fp16/fp8 inputs: fp16 loop, Kahan, fp32 loop, device matmuls",
-    gpu_seconds=60,
+    gpu_seconds=15,
     sizes=SIZES,
     run=run,
 )

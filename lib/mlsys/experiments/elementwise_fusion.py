@@ -315,7 +315,7 @@ EXPERIMENT = Experiment(
     name="elementwise_fusion",
     chapter="04_bytes",
     description="k fma steps per element, fused vs eager, and cos(cos(x)); roofs probed alongside",
-    gpu_seconds=60,
+    gpu_seconds=35,
     sizes=SIZES,
     run=run,
 )

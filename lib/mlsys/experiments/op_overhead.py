@@ -267,7 +267,7 @@ EXPERIMENT = Experiment(
     chapter="04_bytes",
     description=("time per op from 1 element up (overhead regime); "
                  "compile and CUDA graphs as remedies"),
-    gpu_seconds=60,
+    gpu_seconds=45,
     sizes=SIZES,
     run=run,
 )

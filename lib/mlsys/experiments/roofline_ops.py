@@ -278,7 +278,7 @@ EXPERIMENT = Experiment(
     name="roofline_ops",
     chapter="04_bytes",
     description="copy and matmul roofs interleaved with a dozen eager ops; measured / predicted",
-    gpu_seconds=90,
+    gpu_seconds=15,
     sizes=SIZES,
     run=run,
 )

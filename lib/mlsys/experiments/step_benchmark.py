@@ -268,7 +268,7 @@ EXPERIMENT = Experiment(
     name="step_benchmark",
     chapter="05_benchmarking",
     description="forward, forward+backward and AdamW step of each preset and length; OOM rows kept",
-    gpu_seconds=180,
+    gpu_seconds=300,
     sizes=SIZES,
     run=run,
 )

@@ -196,7 +196,7 @@ EXPERIMENT = Experiment(
     name="timing_pitfalls",
     chapter="05_benchmarking",
     description="warm-up, synchronization, host clock vs events, mean vs median, flushed caches",
-    gpu_seconds=90,
+    gpu_seconds=60,
     sizes=SIZES,
     run=run,
 )

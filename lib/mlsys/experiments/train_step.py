@@ -173,7 +173,7 @@ EXPERIMENT = Experiment(
     chapter="03_flops",
     description=("training steps (fwd, bwd, AdamW) at several lengths, "
                  "interleaved with the matmul ceiling"),
-    gpu_seconds=90,
+    gpu_seconds=25,
     sizes=SIZES,
     run=run,
 )

@@ -280,7 +280,7 @@ EXPERIMENT = Experiment(
     name="training_memory",
     chapter="02_tensors_memory",
     description="allocator live/peak bytes per training phase, three recipes, vs accounting",
-    gpu_seconds=45,
+    gpu_seconds=20,
     sizes=SIZES,
     run=run,
 )
