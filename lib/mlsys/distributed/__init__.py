@@ -15,6 +15,8 @@
   beside PyTorch's own (FSDP2, DTensor, torch.distributed.pipelining) where it runs on the CPU.
 - `mesh`: process groups for every mesh axis, and `parallelize`, which composes them in one order
   (PP, TP, CP, FSDP).
+- `groups`: the argument checks every strategy shares: an explicit, initialized process group,
+  and a module with its blocks in `.blocks`.
 
 The cost models (bytes per collective, the alpha-beta time, ZeRO's memory and traffic per stage)
 are torch-free, in `mlsys.accounting.comms`, `mlsys.accounting.zero` and

@@ -37,7 +37,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from mlsys import checks
-from mlsys.distributed.fsdp import _check_module, check_group
+from mlsys.distributed.groups import check_blocks, check_group
 from mlsys.models.attention import attention
 
 LAYOUTS = ("contiguous", "zigzag")
@@ -182,7 +182,7 @@ class _ShardedRope(nn.Module):
 def apply_cp(module: nn.Module, group, *, seq: int, layout: str = "zigzag") -> nn.Module:
     """Run `module`'s attention as a ring over `group`, for sequences of `seq` tokens split by
     `layout`; returns it. Feed each rank `shard_tokens(...)` (its positions only)."""
-    _check_module(module)
+    check_blocks(module)
     check_group(group)
     n, r = dist.get_world_size(group), dist.get_rank(group)
     everyone = [positions(seq, n, j, layout) for j in range(n)]

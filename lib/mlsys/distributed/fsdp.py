@@ -70,6 +70,7 @@ from torch import Tensor, nn
 from mlsys import checks
 from mlsys.accounting.parallel import padded
 from mlsys.distributed.comms import all_gather_single, reduce_scatter_single
+from mlsys.distributed.groups import check_group
 from mlsys.dtypes import torch_dtype
 from mlsys.policies import POLICIES, PrecisionPolicy
 from mlsys.policies import policy as _named_policy
@@ -84,27 +85,6 @@ _SEQUENCES = (tuple, list, set, frozenset)
 
 def _all_gather(output: Tensor, shard: Tensor, group, async_op: bool = False):
     return all_gather_single(output, shard, group=group, async_op=async_op)
-
-
-def _check_module(module: object) -> nn.Module:
-    """A module with its blocks in `.blocks` (what tp.apply_tp and cp.apply_cp need)."""
-    if not isinstance(module, nn.Module):
-        raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
-    if not isinstance(getattr(module, "blocks", None), nn.ModuleList):
-        raise TypeError(f"module must have its blocks in `.blocks` (a Transformer or a "
-                        f"pp.PipelineStage), got {type(module).__name__}")
-    return module
-
-
-def check_group(group: object, name: str = "group") -> Any:
-    """A process group, explicitly: torch.distributed must be up and `group` a ProcessGroup."""
-    if not dist.is_initialized():
-        raise RuntimeError("torch.distributed is not initialized: run inside "
-                           "mlsys.distributed.launch (or call init_process_group first)")
-    if not isinstance(group, dist.ProcessGroup):
-        raise TypeError(f"{name} must be a torch.distributed.ProcessGroup (e.g. Rank.group or a "
-                        f"mesh axis), got {type(group).__name__}")
-    return group
 
 
 # --- the wrap policy -------------------------------------------------------------------------

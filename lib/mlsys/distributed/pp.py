@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from mlsys import checks
 from mlsys.accounting.parallel import stage_layers
 from mlsys.accounting.pipeline import SCHEDULES, pipeline_schedule
-from mlsys.distributed.fsdp import check_group
+from mlsys.distributed.groups import check_group
 from mlsys.models.transformer import Transformer, check_tokens
 
 

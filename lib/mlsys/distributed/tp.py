@@ -36,7 +36,7 @@ from jaxtyping import Float
 from torch import Tensor, nn
 
 from mlsys.distributed.comms import all_gather_single, reduce_scatter_single
-from mlsys.distributed.fsdp import _check_module, check_group
+from mlsys.distributed.groups import check_blocks, check_group
 
 
 def _n_r(group) -> tuple[int, int]:
@@ -226,7 +226,7 @@ def _entry_hook(group, sequence_parallel: bool):
 def apply_tp(module: nn.Module, group, *, sequence_parallel: bool = False) -> nn.Module:
     """Split every block of `module` (a Transformer or a pp.PipelineStage) over the ranks of
     `group` (the module docstring); returns it."""
-    _check_module(module)
+    check_blocks(module)
     check_group(group)
     if not isinstance(sequence_parallel, bool):
         raise TypeError(f"sequence_parallel must be True or False, got {sequence_parallel!r}")
@@ -287,7 +287,7 @@ def apply_dtensor_tp(module: nn.Module, group) -> nn.Module:
         parallelize_module,
     )
 
-    _check_module(module)
+    check_blocks(module)
     check_group(group)
     n, _ = _n_r(group)
     mesh = DeviceMesh.from_group(group, next(module.parameters()).device.type)

@@ -120,10 +120,3 @@ def aot_args(kernel: str, dtype: torch.dtype, *, n_elements: int, k: int,
     `repeat_unary` passes them, on stand-in CPU tensors (only dtype and alignment are read)."""
     x = torch.empty(n_elements, dtype=dtype)
     return _launch_args(x, torch.empty_like(x), k, op)
-
-
-BENCHMARKS = [
-    {"name": "repeat_unary_fma", "op": "fma", "k": [0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 512]},
-    {"name": "cos_cos", "op": "cos", "k": [2]},
-]
-"""Specs of what `mlsys.experiments.elementwise_fusion` sweeps (nothing runs here)."""

@@ -574,16 +574,3 @@ def flash_triton_causal_attention(
     """The "flash_triton" backend of the model: causal `flash_attention`. Runs where Triton does
     (a CUDA GPU, or the CPU under the interpreter), else a clear error naming what to use."""
     return flash_attention(q, k, v, True)
-
-
-BENCHMARKS = [
-    {
-        "name": "flash_attention",
-        "seq": [512, 1024, 2048, 4096, 8192],
-        "d_head": [64, 128],
-        "dtype": ["bf16", "fp16"],
-        "causal": [False, True],
-        "against": ["naive", "sdpa", "flash_torch"],
-    },
-]
-"""Specs of what a chapter-06 experiment would measure (nothing runs here)."""

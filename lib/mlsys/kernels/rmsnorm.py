@@ -263,14 +263,3 @@ def rmsnorm(
     """
     _check(x, weight, eps)
     return _RMSNorm.apply(x, weight, eps)
-
-
-BENCHMARKS = [
-    {
-        "name": "rmsnorm",
-        "n_cols": [1024, 4096, 16384],
-        "dtype": ["fp32", "bf16"],
-        "against": ["eager", "compiled"],
-    },
-]
-"""Specs of what `mlsys.experiments.fused_kernels` measures (nothing runs here)."""

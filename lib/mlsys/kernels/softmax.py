@@ -199,14 +199,3 @@ def softmax(x: Float[Tensor, "... n"]) -> Float[Tensor, "... n"]:
     """
     _check(x)
     return _Softmax.apply(x)
-
-
-BENCHMARKS = [
-    {
-        "name": "softmax",
-        "n_cols": [1024, 4096, 16384],
-        "dtype": ["fp32", "bf16"],
-        "against": ["torch", "naive", "compiled"],
-    },
-]
-"""Specs of what `mlsys.experiments.fused_kernels` measures (nothing runs here)."""

@@ -1,0 +1,36 @@
+"""The checks every distributed strategy makes of its arguments, in one public home.
+
+`check_group` insists on an explicit process group (no silent default to WORLD) inside an
+initialized `torch.distributed`; `check_blocks` on a module that keeps its transformer blocks in
+`.blocks` (a `Transformer` or a `pp.PipelineStage`), which tensor and context parallelism walk.
+Used by `fsdp`, `tp`, `pp`, `cp` and `mesh`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.distributed as dist
+from torch import nn
+
+
+def check_group(group: object, name: str = "group") -> Any:
+    """A process group, explicitly: torch.distributed must be up and `group` a ProcessGroup."""
+    if not dist.is_initialized():
+        raise RuntimeError("torch.distributed is not initialized: run inside "
+                           "mlsys.distributed.launch (or call init_process_group first)")
+    if not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"{name} must be a torch.distributed.ProcessGroup (e.g. Rank.group or a "
+                        f"mesh axis), got {type(group).__name__}")
+    return group
+
+
+def check_blocks(module: object) -> nn.Module:
+    """A module with its blocks in `.blocks`, a ModuleList (what tp.apply_tp and cp.apply_cp
+    need)."""
+    if not isinstance(module, nn.Module):
+        raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
+    if not isinstance(getattr(module, "blocks", None), nn.ModuleList):
+        raise TypeError(f"module must have its blocks in `.blocks` (a Transformer or a "
+                        f"pp.PipelineStage), got {type(module).__name__}")
+    return module
