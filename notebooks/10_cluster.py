@@ -168,14 +168,8 @@ for path in sorted(step4.iterdir()):
 shutil.copytree(step4, one / step4.name)  # resume from step 4 ...
 flags = [*CPU_FLAGS, "--ckpt", str(one)]
 launch.run(loop.train_in_launch, 1, args=(flags,), timeout_s=600)  # ... on 1 rank
-
-
-def final_weights(ckpt: Path) -> dict:
-    out = checkpoint.export(checkpoint.latest(ckpt), ckpt.with_suffix(".pt"))
-    return torch.load(out, weights_only=True)
-
-
-weights = {"two": final_weights(two), "one": final_weights(one)}
+weights = {name: checkpoint.latest_weights(ckpt)
+           for name, ckpt in {"two": two, "one": one}.items()}
 gap = max((weights["two"][k] - weights["one"][k]).abs().max().item()
           for k in weights["two"])
 glue("reshard_gap", f"{gap:.1e}")
@@ -209,7 +203,7 @@ assert done.returncode == 0, done.stderr[-2000:]
 lost = next(line for line in done.stderr.splitlines() if "exitcode: -9" in line)
 print("torchrun:", lost[lost.index("failed"):].split(" of binary")[0])
 print("steps logged:", [r["step"] for r in loop.read_log(killed / "log.jsonl")])
-final = final_weights(killed)
+final = checkpoint.latest_weights(killed)
 same = all(torch.equal(final[k], v) for k, v in weights["two"].items())
 glue("restart_verdict", "bit for bit equal to" if same else "NOT equal to")
 
@@ -338,20 +332,13 @@ glue("q1_pct", 100 * R.lost_fraction(q1_tau, q1_s, mtbf))
 #
 # ### Q2 [Write the resume check]
 #
-# Write a function that takes two checkpoint directories and returns the names of the tensors that
-# differ between their latest checkpoints (use `checkpoint.latest` and `checkpoint.export`). Run
-# it on `WORK / "killed"` and `WORK / "two_ranks"`: what should it return, and why?
+# List the names of the tensors that differ between the final weights of `WORK / "killed"` and
+# `WORK / "two_ranks"` (`checkpoint.latest_weights` reads a run's final weights). What should the
+# list hold, and why?
 
 # %% tags=["hide-cell"]
-def differing(a: Path, b: Path) -> list[str]:
-    states = []
-    for i, ckpt in enumerate((a, b)):
-        out = checkpoint.export(checkpoint.latest(ckpt), WORK / f"q2_{i}.pt")
-        states.append(torch.load(out, weights_only=True))
-    return [k for k in states[0] if not torch.equal(states[0][k], states[1][k])]
-
-
-print(differing(WORK / "killed", WORK / "two_ranks"))
+a, b = (checkpoint.latest_weights(WORK / name) for name in ("killed", "two_ranks"))
+print([name for name, tensor in a.items() if not torch.equal(tensor, b[name])])
 
 # %% [markdown]
 # ```{dropdown} Answer

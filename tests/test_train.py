@@ -43,9 +43,7 @@ def trained(tmp: Path, name: str, *args: str, nproc: int = 1, **kw) -> tuple[lis
     ckpt = tmp / name
     done = torchrun(*BASE, "--ckpt", str(ckpt), *args, nproc=nproc, **kw)
     assert done.returncode == 0, done.stderr[-4000:]
-    out = tmp / f"{name}.pt"
-    checkpoint.export(checkpoint.latest(ckpt), out)
-    return rows(ckpt / "log.jsonl"), torch.load(out, weights_only=True), ckpt
+    return rows(ckpt / "log.jsonl"), checkpoint.latest_weights(ckpt), ckpt
 
 
 @pytest.fixture(scope="module")
@@ -131,8 +129,7 @@ def test_two_nodes_on_one_machine_train_a_2d_mesh(tmp_path, single):
         for p in procs:
             p.kill()
     assert all(p.returncode == 0 for p in procs), [o[1][-3000:] for o in outs]
-    checkpoint.export(checkpoint.latest(ckpt), tmp_path / "two.pt")
-    same_run(rows(ckpt / "log.jsonl"), torch.load(tmp_path / "two.pt", weights_only=True), single)
+    same_run(rows(ckpt / "log.jsonl"), checkpoint.latest_weights(ckpt), single)
 
 
 def test_export_loads_into_the_book_model(tmp_path, single):

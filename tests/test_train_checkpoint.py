@@ -264,3 +264,8 @@ def test_bad_paths_and_extras_are_clear_errors(tmp_path):
     assert checkpoint.latest(tmp_path) is None and not (tmp_path / "step_00000001").exists()
     with pytest.raises(checkpoint.CheckpointError, match="not a checkpoint directory"):
         checkpoint.load(tmp_path / "nope", model, optimizer)
+
+
+def test_latest_weights_of_an_empty_directory_is_a_clear_error(tmp_path):
+    with pytest.raises(checkpoint.CheckpointError, match="no complete checkpoint"):
+        checkpoint.latest_weights(tmp_path)

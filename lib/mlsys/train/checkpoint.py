@@ -309,6 +309,15 @@ def export(path: str | os.PathLike, out_file: str | os.PathLike) -> Path:
     return out
 
 
+def latest_weights(ckpt_dir: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """The model weights of the latest complete checkpoint under `ckpt_dir`, as one state dict
+    (`export` to `<ckpt_dir>.pt`, then loaded): what a run ended with."""
+    last = latest(ckpt_dir)
+    if last is None:
+        raise CheckpointError(f"{ckpt_dir} holds no complete checkpoint")
+    return torch.load(export(last, Path(ckpt_dir).with_suffix(".pt")), weights_only=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m mlsys.train.checkpoint export CKPT OUT.pt` (CKPT: a step directory, or a
     checkpoint directory whose latest complete step is taken)."""
