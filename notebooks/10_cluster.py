@@ -173,6 +173,7 @@ weights = {name: checkpoint.latest_weights(ckpt)
 gap = max((weights["two"][k] - weights["one"][k]).abs().max().item()
           for k in weights["two"])
 glue("reshard_gap", f"{gap:.1e}")
+print(f"largest difference of any weight, 2 ranks vs 2 -> 1 rank: {gap:.1e}")
 
 # %% [markdown]
 # The run resumed on one rank ends {glue:text}`reshard_gap` away from the run that stayed on two
@@ -200,12 +201,12 @@ cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
 done = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
                       env={**os.environ, "OMP_NUM_THREADS": "1"})
 assert done.returncode == 0, done.stderr[-2000:]
-lost = next(line for line in done.stderr.splitlines() if "exitcode: -9" in line)
-print("torchrun:", lost[lost.index("failed"):].split(" of binary")[0])
-print("steps logged:", [r["step"] for r in loop.read_log(killed / "log.jsonl")])
 final = checkpoint.latest_weights(killed)
 same = all(torch.equal(final[k], v) for k, v in weights["two"].items())
 glue("restart_verdict", "bit for bit equal to" if same else "NOT equal to")
+lost = next(line for line in done.stderr.splitlines() if "exitcode: -9" in line)
+print("torchrun:", lost[lost.index("failed"):].split(" of binary")[0])
+print("steps logged:", [r["step"] for r in loop.read_log(killed / "log.jsonl")])
 
 # %% [markdown]
 # The killed run's final weights are **{glue:text}`restart_verdict`** those of the two-rank run
@@ -226,10 +227,10 @@ glue("restart_verdict", "bit for bit equal to" if same else "NOT equal to")
 # %%
 glue("sizes_ranks", max(SIZES.world_sizes))
 live = cluster_train.run(SIZES)
-display(cluster_train.table(live))
 widest = max(cluster_train.runs(live), key=lambda r: r["world_size"])
 glue("mfu_verdict", cluster_train.mfu_verdict(widest))
 glue("scaling_verdict", cluster_train.scaling_verdict(live))
+display(cluster_train.table(live))
 
 # %% [markdown]
 # {glue:text}`mfu_verdict` {glue:text}`scaling_verdict`
