@@ -72,7 +72,7 @@ book-smoke: $(STAMP)
 		$(VENV)/bin/jupyter-book build . -W -n --keep-going --path-output $(SMOKE_BUILD)
 
 browser: $(STAMP)
-	MLSYS_BOOK_HTML=$(SMOKE_BUILD)/_build/html $(PY) -m pytest -m browser -q tests/test_browser.py
+	MLSYS_BOOK_HTML=$(SMOKE_BUILD)/_build/html $(PY) -m pytest -m browser -q tests/book/test_browser.py
 
 test: lint unit notebooks book-smoke browser
 

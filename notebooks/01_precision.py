@@ -46,14 +46,14 @@ import math
 
 import matplotlib.pyplot as plt
 import torch
-from IPython.display import Markdown, display
+from IPython.display import display
 
 from mlsys import experiments
-from mlsys import precision as P
-from mlsys import summation as S
 from mlsys.book import Table, glue, num
 from mlsys.experiments import dot_accumulation as DA
-from mlsys.plotting import COLORS, CYCLE, finish, subplots
+from mlsys.experiments import kit, pages, running_sums
+from mlsys.numerics import bit_fields, precision, summation
+from mlsys.plotting import CYCLE, finish, subplots
 
 # %% tags=["parameters"]
 SEED = 0
@@ -88,15 +88,15 @@ for name, value in [("q_addend", ADDEND), ("q_terms", N_TERMS), ("q_target", N_T
 # `torch.finfo`, and counts the special values by decoding every bit pattern of the formats of 16
 # bits or fewer: an IEEE format has 2 infinities and $2(2^m-1)$ NaNs, e4m3fn none and 2.
 #
-# ```{literalinclude} ../lib/mlsys/precision.py
+# ```{literalinclude} ../lib/mlsys/numerics/precision.py
 # :pyobject: FloatFormat
 # ```
 
 # %%
 INT_VIEW = {8: torch.uint8, 16: torch.int16, 32: torch.int32}  # same-width integer views
 table_rows = []
-for r in P.format_table():
-    f = P.FORMATS[r["format"]]
+for r in precision.format_table():
+    f = precision.FORMATS[r["format"]]
     special = (0, 2) if f.finite_only else (2, 2 * (2**f.mantissa_bits - 1))  # (inf, NaN)
     if r["torch_dtype"] != "-":  # derived values against torch's own
         info = torch.finfo(f.dtype)
@@ -110,7 +110,7 @@ for r in P.format_table():
                        *special, r["torch_dtype"]])
 e4m3 = torch.arange(256).to(torch.uint8)
 assert e4m3[e4m3.view(torch.float8_e4m3fn).float().isnan()].tolist() == [0x7F, 0xFF]  # S.1111.111
-fp16, bf16, fp32 = P.FORMATS["fp16"], P.FORMATS["bf16"], P.FORMATS["fp32"]
+fp16, bf16, fp32 = precision.FORMATS["fp16"], precision.FORMATS["bf16"], precision.FORMATS["fp32"]
 for name, value in [("fp16_max", fp16.max), ("fp16_subnormal", fp16.smallest_subnormal),
                     ("bf16_subnormal", bf16.smallest_subnormal)]:
     glue(name, value)
@@ -133,14 +133,14 @@ Table(["format", "bits", "exp", "mant", "bias", "max", "smallest normal", "small
 bit_rows = []
 for x in [1.0, 0.1, -2.5, 0.01, 65504.0, 1e-8]:
     for name in ["fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2"]:
-        b, f = P.decompose(x, name), P.FORMATS[name]
-        cast = P.saturating_cast(torch.tensor([x]), name)  # torch's cast, saturating in e4m3
+        b, f = bit_fields.decompose(x, name), precision.FORMATS[name]
+        cast = precision.saturating_cast(torch.tensor([x]), name)  # torch's, saturating in e4m3
         stored = cast.view(INT_VIEW[f.bits]).item() % 2**f.bits
         assert int(b.pattern.replace(" ", ""), 2) == stored and b.reconstruct() == b.value
         exponent = "-" if b.unbiased_exponent is None else b.unbiased_exponent
         bit_rows.append([x, name, b.pattern, b.kind, exponent, repr(b.value)])
-glue("e4m3_max", P.FORMATS["fp8_e4m3"].max)
-glue("fp16_max_in_bf16", P.round_to(fp16.max, "bf16"))
+glue("e4m3_max", precision.FORMATS["fp8_e4m3"].max)
+glue("fp16_max_in_bf16", precision.round_to(fp16.max, "bf16"))
 Table(["x", "format", "sign exponent mantissa", "kind", "E - bias", "stored value"], bit_rows)
 
 # %% [markdown]
@@ -159,19 +159,20 @@ Table(["x", "format", "sign exponent mantissa", "kind", "E - bias", "stored valu
 # %%
 grid = [2.0 ** (e / 50) for e in range(-26 * 50, 17 * 50)]
 fig, ax = subplots(width=7.0, height=4.2)
-for color, (name, f) in zip(CYCLE, P.FORMATS.items(), strict=False):
+for color, (name, f) in zip(CYCLE, precision.FORMATS.items(), strict=False):
     xs = [x for x in grid if f.smallest_subnormal <= x <= f.max]
-    ax.plot(xs, [P.ulp(x, f) for x in xs], color=color, lw=1.4, label=f"{name} (ulp)")
+    ax.plot(xs, [precision.ulp(x, f) for x in xs], color=color, lw=1.4, label=f"{name} (ulp)")
     if name in ("fp32", "fp16", "bf16"):  # measured: from a torch value to the next bit pattern
         probe = torch.tensor([2.0**k for k in range(-26, 17, 3) if 2.0**k <= f.max], dtype=f.dtype)
         gap = ((probe.view(INT_VIEW[f.bits]) + 1).view(f.dtype).double() - probe.double()).tolist()
-        assert gap == [P.ulp(x, name) for x in probe.double().tolist()]
+        assert gap == [precision.ulp(x, name) for x in probe.double().tolist()]
         ax.plot(probe.double().tolist(), gap, "o", color=color, ms=5, mfc="none",
                 label=f"{name} measured gap")
 finish(ax, title="Spacing of representable numbers", xlabel="|x|", ylabel="ulp(x)", logx=2, logy=2)
 ax.legend(ncol=2, fontsize=8)
 plt.show()
-spacing_ratio = glue("bf16_over_fp16_spacing", P.ulp(1.0, "bf16") / P.ulp(1.0, "fp16"))
+spacing_ratio = glue("bf16_over_fp16_spacing",
+                     precision.ulp(1.0, "bf16") / precision.ulp(1.0, "fp16"))
 assert spacing_ratio == 2 ** (fp16.mantissa_bits - bf16.mantissa_bits)
 
 # %% [markdown]
@@ -184,15 +185,16 @@ assert spacing_ratio == 2 ** (fp16.mantissa_bits - bf16.mantissa_bits)
 # %%
 tiny = torch.tensor(1e-8)
 underflow = {"fp16": tiny.half().item(), "bf16": tiny.bfloat16().item()}
-assert underflow["fp16"] == 0.0 and underflow["bf16"] == P.round_to(1e-8, "bf16") != 0.0
+assert underflow["fp16"] == 0.0 and underflow["bf16"] == precision.round_to(1e-8, "bf16") != 0.0
 x = torch.tensor([200.0, 255.0, 255.875, 256.0, 300.0], dtype=torch.float16)
 squares = (x * x).tolist()
-overflow_threshold = math.sqrt(fp16.max + P.ulp(fp16.max, "fp16") / 2)  # x*x is inf above this
+overflow_threshold = math.sqrt(fp16.max + precision.ulp(fp16.max, "fp16") / 2)  # x*x inf above
 assert [math.isinf(s) for s in squares] == [v > overflow_threshold for v in x.tolist()]
 glue("sqrt_fp16_max", overflow_threshold)
 ties = torch.tensor([2049.0, 2050.0, 2051.0, 2053.0], dtype=torch.float32)
 rounded = ties.half().tolist()
-assert rounded == [P.round_to(v, "fp16") for v in ties.tolist()] == [2048.0, 2050.0, 2052.0, 2052.0]
+assert rounded == [precision.round_to(v, "fp16") for v in ties.tolist()]
+assert rounded == [2048.0, 2050.0, 2052.0, 2052.0]
 print(f"1e-8: {underflow}; fp16 x*x: {squares}; ties above 2048: {rounded}")
 
 # %% [markdown]
@@ -223,12 +225,12 @@ print(f"1e-8: {underflow}; fp16 x*x: {squares}; ties above 2048: {rounded}")
 
 # %%
 napkin_rows = []
-for name, f in P.FORMATS.items():
-    stored = P.round_to(ADDEND, f)
-    s_star = S.plateau_value(stored, f)
-    walk = S.plateau_sum(ADDEND, 10**18, f)  # a binade walk: cheap even for 10^18 additions
+for name, f in precision.FORMATS.items():
+    stored = precision.round_to(ADDEND, f)
+    s_star = summation.plateau_value(stored, f)
+    walk = summation.plateau_sum(ADDEND, 10**18, f)  # a binade walk: cheap even for 10^18 additions
     assert walk.final == s_star and walk.stall_step is not None
-    napkin_rows.append([name, repr(stored), num(P.ulp(s_star, f), 6), num(s_star, 6),
+    napkin_rows.append([name, repr(stored), num(precision.ulp(s_star, f), 6), num(s_star, 6),
                         f"{walk.stall_step:,}"])
     glue(f"plateau_{name}", s_star)
     glue(f"stall_{name}", walk.stall_step)
@@ -246,11 +248,11 @@ Table(["format", f"{ADDEND} stored as", "ulp at plateau", "plateau s*", "additio
 #
 # ## The code
 #
-# ```{literalinclude} ../lib/mlsys/summation.py
+# ```{literalinclude} ../lib/mlsys/numerics/summation.py
 # :pyobject: plateau_value
 # ```
 #
-# ```{literalinclude} ../lib/mlsys/summation.py
+# ```{literalinclude} ../lib/mlsys/numerics/summation.py
 # :pyobject: plateau_sum
 # ```
 #
@@ -258,7 +260,7 @@ Table(["format", f"{ADDEND} stored as", "ulp at plateau", "plateau s*", "additio
 # stored by torch's own cast. `explicit_cast=True` writes `acc += x.to(acc.dtype)` instead of
 # relying on type promotion in `acc += x`.
 #
-# ```{literalinclude} ../lib/mlsys/summation.py
+# ```{literalinclude} ../lib/mlsys/numerics/summation.py
 # :pyobject: running_sum
 # ```
 #
@@ -276,20 +278,10 @@ VARIANTS = [  # (label, addend, n, addend dtype, accumulator dtype, explicit cas
     ("fp16", SMALL_ADDEND, N_SMALL, "fp16", "fp16", False),
     ("bf16", SMALL_ADDEND, N_SMALL, "bf16", "bf16", False),
 ]
-by_key, result_rows = {}, []
-for label, a, n, x_dt, acc_dt, explicit in VARIANTS:
-    predicted = S.plateau_sum(a, n, acc_dt, addend_format=x_dt)  # no torch arithmetic involved
-    measured = S.running_sum(a, n, x_dt, acc_dt, explicit_cast=explicit)
-    assert measured.double().tolist() == predicted.trajectory()  # every partial sum, bit for bit
-    final = measured[-1].item()
-    by_key[(label, a)] = (predicted, final)
-    stall = "-" if predicted.stall_step is None else f"{predicted.stall_step} ({predicted.final:g})"
-    result_rows.append([f"{a} x {n}", label, repr(predicted.addend), repr(predicted.final),
-                        repr(final), f"{final - n * a:+.3g}", stall])
-    if label in ("fp32", "fp16", "bf16"):  # trajectories for the plot below
-        by_key[(label, a, "trajectory")] = measured.double().tolist()
-Table(["sum", "variant", "addend as stored", "predicted", "measured", "measured - intended",
-       "stops growing after"], result_rows)
+# (label, addend) -> (prediction, measured final sum, every partial sum): `running_sum` adds with
+# torch, `plateau_sum` predicts without torch arithmetic, and the two agree bit for bit
+by_key = running_sums.run(VARIANTS)
+running_sums.table(by_key)
 
 # %% [markdown]
 # Every measured partial sum, not just the last, equals the prediction bit for bit. The plot shows
@@ -297,20 +289,8 @@ Table(["sum", "variant", "addend as stored", "predicted", "measured", "measured 
 # (dotted).
 
 # %% tags=["remove-input"]
-fig, axes = subplots(1, 2, width=10.0, height=3.9)
-for ax, (a, n) in zip(axes, [(ADDEND, N_TERMS), (SMALL_ADDEND, N_SMALL)], strict=True):
-    ax.plot([0, n], [0, n * a], color=COLORS["muted"], lw=1, label="exact n·a")
-    for fmt, color in zip(("fp32", "fp16", "bf16"), (CYCLE[0], CYCLE[2], CYCLE[3]), strict=True):
-        predicted, _ = by_key[(fmt, a)]
-        ax.plot(range(1, n + 1), by_key[(fmt, a, "trajectory")], color=color, lw=3, alpha=0.5,
-                label=f"{fmt} measured")
-        ax.plot(range(1, n + 1), predicted.trajectory(), color=COLORS["predicted"], lw=1, ls="--",
-                label="predicted (plateau_sum)" if fmt == "bf16" else None)
-        if S.plateau_value(predicted.addend, fmt) <= n * a:
-            ax.axhline(S.plateau_value(predicted.addend, fmt), color=color, ls=":", lw=1.2,
-                       label=f"{fmt} plateau s*")
-    finish(ax, title=f"{a} added {n:,} times", xlabel="additions", ylabel="running sum")
-plt.show()
+kit.draw(running_sums.plot, by_key, ncols=2, width=10.0, height=3.9,
+         cases=[(ADDEND, N_TERMS), (SMALL_ADDEND, N_SMALL)])
 
 # %% [markdown]
 # ## Why each result comes out as it does
@@ -325,7 +305,8 @@ for tag, prediction, (lo, hi) in [("fp16_lo", pred_fp16, (4, 8)), ("fp16_hi", pr
     run = prediction.run_starting_in(lo, hi)
     glue(f"{tag}_step", run.increment)
     glue(f"{tag}_bias", (run.increment - prediction.addend) / prediction.addend)
-assert pred_bf16.addend < glue("bf16_half_ulp_at_plateau", P.ulp(pred_bf16.final, "bf16") / 2)
+half_ulp = glue("bf16_half_ulp_at_plateau", precision.ulp(pred_bf16.final, "bf16") / 2)
+assert pred_bf16.addend < half_ulp
 for label in ("fp32 acc += fp16 addend (implicit)", "fp32 acc += bf16 addend"):
     assert by_key[(label, ADDEND)][0].final == by_key[(label, ADDEND)][0].exact  # exact fp32 sums
 for name, (label, a) in {"fp16": ("fp16", ADDEND), "bf16": ("bf16", ADDEND),
@@ -384,21 +365,22 @@ Table(["rank (smallest error first)", "claimed", "measured", "measured |sum - 10
 # next. Its error bound is $2u\sum|x_i|$ to first order, independent of $n$, against
 # $(n-1)u\sum|x_i|$ for the plain loop {cite}`higham2002accuracy`.
 #
-# ```{literalinclude} ../lib/mlsys/summation.py
+# ```{literalinclude} ../lib/mlsys/numerics/summation.py
 # :pyobject: kahan_sum
 # ```
 
 # %%
 torch_sum = torch.full((N_TERMS,), ADDEND, dtype=torch.float16).sum().item()
-exact_sum = S.plateau_sum(ADDEND, N_TERMS, "fp32", addend_format="fp16").exact
-assert torch_sum == P.round_to(exact_sum, "fp16")  # a wide accumulator, rounded once at the end
+exact_sum = summation.plateau_sum(ADDEND, N_TERMS, "fp32", addend_format="fp16").exact
+assert torch_sum == precision.round_to(exact_sum, "fp16")  # a wide accumulator, rounded once
 glue("torch_sum_fp16", repr(torch_sum))
 kahan_rows = []
 for fmt in ("fp16", "bf16"):
-    kahan = S.kahan_sum(torch.full((N_TERMS,), ADDEND), fmt).item()
-    exact = S.plateau_sum(ADDEND, N_TERMS, "fp64", addend_format=fmt).exact
+    kahan = summation.kahan_sum(torch.full((N_TERMS,), ADDEND), fmt).item()
+    exact = summation.plateau_sum(ADDEND, N_TERMS, "fp64", addend_format=fmt).exact
     naive = by_key[(fmt, ADDEND)][1]
-    assert abs(kahan - exact) <= 2 * P.FORMATS[fmt].unit_roundoff * exact < abs(naive - exact)
+    u = precision.FORMATS[fmt].unit_roundoff
+    assert abs(kahan - exact) <= 2 * u * exact < abs(naive - exact)
     kahan_rows.append([fmt, repr(exact), repr(naive), glue(f"kahan_{fmt}", repr(kahan))])
 Table(["format", "exact sum of stored addends", "running sum", "Kahan sum"], kahan_rows)
 
@@ -406,7 +388,7 @@ Table(["format", "exact sum of stored addends", "running sum", "Kahan sum"], kah
 # In bf16 the Kahan sum is {glue:text}`kahan_bf16`: within one rounding of the exact sum of the
 # stored addends, at four operations per term instead of one. A third remedy attacks the bias
 # itself: *stochastic rounding* rounds up or down at random, with probabilities that make the
-# expected result exact {cite}`gupta2015limited` (`mlsys.precision.stochastic_round`).
+# expected result exact {cite}`gupta2015limited` (`mlsys.numerics.precision.stochastic_round`).
 #
 # ### Two different problems: accumulation and range
 #
@@ -419,12 +401,12 @@ Table(["format", "exact sum of stored addends", "running sum", "Kahan sum"], kah
 # %%
 w_bf16 = (torch.tensor(WEIGHT, dtype=torch.bfloat16) + UPDATE).item()
 w_fp32 = (torch.tensor(WEIGHT) + UPDATE).item()
-assert w_bf16 == WEIGHT != w_fp32 and UPDATE < P.ulp(WEIGHT, "bf16") / 2  # the update vanishes
+assert w_bf16 == WEIGHT != w_fp32 and UPDATE < precision.ulp(WEIGHT, "bf16") / 2  # lost update
 g_fp16 = torch.tensor(GRADIENT).half().item()
 g_scaled = (torch.tensor(GRADIENT * LOSS_SCALE).half().double() / LOSS_SCALE).item()
 g_bf16 = torch.tensor(GRADIENT).bfloat16().item()
 assert g_fp16 == 0 and abs(g_scaled - GRADIENT) <= fp16.unit_roundoff * GRADIENT and g_bf16 != 0
-for name, value in [("w_update", UPDATE), ("w_bf16_half_ulp", P.ulp(WEIGHT, "bf16") / 2),
+for name, value in [("w_update", UPDATE), ("w_bf16_half_ulp", precision.ulp(WEIGHT, "bf16") / 2),
                     ("w_fp32", w_fp32), ("g_small", GRADIENT), ("g_scale", LOSS_SCALE),
                     ("g_scaled", g_scaled)]:
     glue(name, value)
@@ -450,14 +432,14 @@ for name, value in [("w_update", UPDATE), ("w_bf16_half_ulp", P.ulp(WEIGHT, "bf1
 # %%
 vacuous_rows = []
 for fmt in ("fp16", "bf16", "fp32"):
-    k = int(1 / (2 * P.FORMATS[fmt].unit_roundoff)) + 1  # (K-1) u = 1/2 makes gamma_(K-1) = 1
+    k = int(1 / (2 * precision.FORMATS[fmt].unit_roundoff)) + 1  # (K-1) u = 1/2: gamma_(K-1) = 1
     bound = [DA.higham_bound(j, fmt, rounded_products=False) for j in (k - 1, k)]
     assert bound[0] < 1 <= bound[1]
-    vacuous_rows.append([fmt, f"{P.FORMATS[fmt].unit_roundoff:.3g}",
+    vacuous_rows.append([fmt, f"{precision.FORMATS[fmt].unit_roundoff:.3g}",
                          f"{glue(f'vacuous_{fmt}', k):,}"])
-assert k == 2**23 + 1 and S.plateau_value(1.0, "fp16") == 2**11
-glue("ceiling_fp16", S.plateau_value(1.0, "fp16"))
-glue("ceiling_k", 4 * S.plateau_value(1.0, "fp16"))
+assert k == 2**23 + 1 and summation.plateau_value(1.0, "fp16") == 2**11
+glue("ceiling_fp16", summation.plateau_value(1.0, "fp16"))
+glue("ceiling_k", 4 * summation.plateau_value(1.0, "fp16"))
 Table(["accumulator", "unit roundoff u", "γ_(K-1) ≥ 1 (vacuous) from K ="], vacuous_rows)
 
 # %% [markdown]
@@ -470,27 +452,19 @@ Table(["accumulator", "unit roundoff u", "γ_(K-1) ≥ 1 (vacuous) from K ="], v
 # :pyobject: _exact
 # ```
 #
-# The loops run on the CPU with `mlsys.summation` (fp16 products in an fp16 running sum, the same
-# with Kahan, exact products in fp32); the matrix multiplies run on this machine's device:
+# The loops run on the CPU with `mlsys.numerics.summation` (fp16 products in an fp16 running sum,
+# the same with Kahan, exact products in fp32); the matrix multiplies run on this machine's device:
 # `torch.matmul` on fp16 inputs, and `torch._scaled_mm` on fp8 e4m3 inputs with an fp32 output.
 
 # %%
 dot_rows = DA.EXPERIMENT.run(DOT)
 display(DA.table(dot_rows))
-last = {m: errs[-1][1] for m, errs in DA.curves(dot_rows).items()}  # errors at the largest K
 for k, err in DA.curves(dot_rows)["exact products, fp32 sum"]:
     assert err <= DA.higham_bound(k, "fp32", rounded_products=False)  # the law holds
-for name, value in [("dot_count", DOT.rows * DOT.cols), ("dot_k_max", DOT.lengths[-1]),
-                    ("dot_fp16_error", last["fp16 products, fp16 sum"]),
-                    ("dot_kahan_error", last["fp16 products, Kahan fp16 sum"]),
-                    ("dot_kahan_u", last["fp16 products, Kahan fp16 sum"] / fp16.unit_roundoff),
-                    ("dot_fp32_error", last["exact products, fp32 sum"]),
-                    ("dot_device_verdicts", "; ".join(DA.accumulator_verdict(dot_rows, m)
-                                                      for m in last if m not in DA.LOOPS))]:
+for name, value in DA.headline(dot_rows).items():  # the errors at the largest K
     glue(name, value)
-fig, ax = subplots(width=9.0, height=4.0)
-DA.plot(dot_rows, ax, title=f"Dot products of length K: {DA.describe(dot_rows)}")
-plt.show()
+kit.draw(DA.plot, dot_rows, width=9.0, height=4.0,
+         title=f"Dot products of length K: {DA.describe(dot_rows)}")
 
 # %% [markdown]
 # At $K =$ {glue:text}`dot_k_max:,` the fp16 loop is off by up to {glue:text}`dot_fp16_error:.1%`,
@@ -512,22 +486,9 @@ plt.show()
 # (range) would not touch it. A GPU run of this experiment measures both fp8 modes.
 
 # %%
-records = experiments.recorded("dot_accumulation")
-for record in records:  # recorded GPU runs, read by the same functions as the live run
-    prov, rec = record["provenance"], record["results"]
-    display(Markdown(f"**Recorded on {prov['device']}**, {prov['date']} (torch "
-                     f"{prov['torch_version']}, `{prov['command']}`)"), DA.table(rec))
-    fig, ax = subplots(width=9.0, height=4.0)
-    DA.plot(rec, ax, title=f"Recorded: {DA.describe(rec)}")
-    plt.show()
-    display(Markdown("; ".join(DA.accumulator_verdict(rec, m) for m in DA.curves(rec)
-                               if m not in DA.LOOPS) + "."))
-if not records:
-    display(Markdown(
-        "No GPU record of this experiment exists yet. On a CUDA GPU the run adds `torch.mm` with "
-        "an fp32 output (the fp16 tensor-core accumulator, unrounded) and, from compute capability "
-        "8.9, `_scaled_mm` with fast accumulation. `python -m mlsys.experiments dot_accumulation` "
-        "on a GPU writes the record under `results/`; this page then shows it here."))
+experiments.show_recorded("dot_accumulation", show=pages.show_dot_accumulation, would_show=(
+    "On a CUDA GPU the run adds `torch.mm` with an fp32 output (the fp16 tensor-core accumulator, "
+    "unrounded) and, from compute capability 8.9, `_scaled_mm` with fast accumulation."))
 
 # %% [markdown]
 # ```{admonition} Takeaway
@@ -565,11 +526,11 @@ if not records:
 row = torch.rand(WIDTH, generator=torch.Generator().manual_seed(SEED)).bfloat16()
 squares = row * row  # each rounded to bf16
 exact_q1 = (row.double() ** 2).sum().item()
-bf16_q1 = S.sequential_sum(squares, "bf16").item()
-ceiling_q1 = S.plateau_value(1.0, "bf16")
+bf16_q1 = summation.sequential_sum(squares, "bf16").item()
+ceiling_q1 = summation.plateau_value(1.0, "bf16")
 assert bf16_q1 <= ceiling_q1 == 2.0 ** (bf16.mantissa_bits + 1) < exact_q1
 torch_q1 = squares.sum().item()
-fp32_q1 = S.sequential_sum(row.float() ** 2, "fp32").item()
+fp32_q1 = summation.sequential_sum(row.float() ** 2, "fp32").item()
 assert abs(torch_q1 - exact_q1) / exact_q1 <= 2 * bf16.unit_roundoff  # bf16 products, one rounding
 assert abs(fp32_q1 - exact_q1) / exact_q1 <= DA.higham_bound(WIDTH, "fp32", rounded_products=False)
 assert overflow_threshold < LARGE_X
@@ -604,12 +565,12 @@ stored_eps = torch.tensor(NORM_EPS).half().item()
 assert 0 < stored_eps < fp16.smallest_normal
 absorbed_from = {}
 for fmt in ("fp16", "bf16"):
-    dtype = P.FORMATS[fmt].dtype
+    dtype = precision.FORMATS[fmt].dtype
     powers = [2.0**e for e in range(-20, 4)]
     absorbed = [v for v in powers if (torch.tensor(v, dtype=dtype) + NORM_EPS).item() == v]
     absorbed_from[fmt] = min(absorbed)  # every larger power of two absorbs it too
     assert absorbed == [v for v in powers if v >= absorbed_from[fmt]]
-    assert NORM_EPS < P.ulp(absorbed_from[fmt], fmt) / 2 <= 2 * NORM_EPS  # the plateau rule
+    assert NORM_EPS < precision.ulp(absorbed_from[fmt], fmt) / 2 <= 2 * NORM_EPS  # the plateau rule
 assert absorbed_from["bf16"] < absorbed_from["fp16"]
 glue("q2_stored", stored_eps)
 glue("q2_rel", abs(stored_eps - NORM_EPS) / NORM_EPS)

@@ -46,17 +46,17 @@ import itertools
 import math
 
 import einops
-import matplotlib.pyplot as plt
 import torch
 from beartype import beartype
-from IPython.display import Markdown, display
+from IPython.display import display
 from jaxtyping import jaxtyped
 
-from mlsys import experiments, hardware, plotting, tensors
+from mlsys import experiments, hardware, plotting, tables, tensors
 from mlsys.accounting import memory
 from mlsys.accounting.activations import saved_bytes
 from mlsys.accounting.params import count_params, param_counts
 from mlsys.book import Table, glue
+from mlsys.experiments import kit, pages
 from mlsys.experiments import training_memory as TM
 from mlsys.models.config import PRESETS, TransformerConfig
 from mlsys.models.transformer import Transformer
@@ -93,16 +93,9 @@ for name, value in [("n_devices", N_DEVICES), ("accelerator", ACCELERATOR.name),
 # what one device holds.
 
 # %%
-answers, rows = {}, []
-for r in memory.RECIPES.values():
-    sharded = answers[r.name] = memory.max_trainable_params(N_DEVICES, hbm_bytes, r)
-    replicated = memory.max_trainable_params(1, hbm_bytes, r)
-    assert (sharded, replicated) == (N_DEVICES * int(hbm_bytes) // r.bytes_per_param,
-                                      int(hbm_bytes) // r.bytes_per_param)
-    rows.append([f"`{r.name}`", *r.breakdown().values(), r.bytes_per_param,
-                 f"{sharded / GB:.1f}", f"{replicated / GB:.2f}"])
-display(Table(["recipe", "weights", "grads", "master", "optimizer", "bytes/param",
-               f"max params (billions), {N_DEVICES} GPUs sharded", "replicated"], rows))
+answers = {r.name: memory.max_trainable_params(N_DEVICES, hbm_bytes, r)
+           for r in memory.RECIPES.values()}  # n * memory // bytes per parameter
+display(Table(*tables.max_params_table(N_DEVICES, hbm_bytes)))
 fp32 = answers["fp32_adamw"]
 glue("max_fp32_billion", fp32 / GB)
 glue("max_one_gpu_billion", memory.max_trainable_params(1, hbm_bytes, "fp32_adamw") / GB)
@@ -374,14 +367,15 @@ Table(["preset", "d_model", "n_layers", "n_heads", "d_ff", "vocab", "embedding +
 
 # %%
 mem_rows = TM.EXPERIMENT.run(MEMORY)
+mem_setup = kit.setup(mem_rows)
 for name, value in [("mem_preset", MEMORY.preset), ("mem_batch", BATCH), ("mem_seq", SEQ),
-                    ("mem_params", count_params(cfg)), ("mem_method", TM.setup(mem_rows)["method"]),
-                    ("mem_device", TM.setup(mem_rows)["device"])]:
+                    ("mem_params", count_params(cfg)), ("mem_method", mem_setup["method"]),
+                    ("mem_device", mem_setup["device"])]:
     glue(name, value)
 readings = TM.readings(mem_rows)
 for r in readings:  # laws: the prediction is the part of the allocation that the count covers
     assert r.predicted_states <= r.after_step and r.peak >= r.after_step
-    if TM.setup(mem_rows)["device_type"] == "cpu":  # the CPU allocator reports requested bytes
+    if mem_setup["device_type"] == "cpu":  # the CPU allocator reports requested bytes
         assert r.unexplained == 0 and 0 <= r.forward_growth - r.saved <= TM.SCALARS_BYTES
 for key, text in TM.verdicts(mem_rows).items():
     glue(f"mem_{key}", text)
@@ -400,27 +394,13 @@ display(TM.table(mem_rows), TM.phase_table(mem_rows))
 # peaks (triangles) by phase, against its predicted model states (dashed):
 
 # %%
-fig, ax = plotting.subplots(width=8.5, height=4.2)
-TM.plot(mem_rows, ax, title=f"Allocator during two training steps ({MEMORY.preset}, "
-        f"batch {BATCH} x {SEQ} tokens)")
-plt.show()
+kit.draw(TM.plot, mem_rows, width=8.5, height=4.2, title=f"Allocator during two training steps "
+         f"({MEMORY.preset}, batch {BATCH} x {SEQ} tokens)")
 
 # %%
-records = experiments.recorded("training_memory")
-for record in records:  # recorded GPU runs, read by the same functions as the live run
-    prov, rec = record["provenance"], record["results"]
-    display(Markdown(f"**Recorded on {prov['device']}**, {prov['date']} (torch "
-                     f"{prov['torch_version']}, `{prov['command']}`)"), TM.table(rec))
-    fig, ax = plotting.subplots(width=8.5, height=4.2)
-    TM.plot(rec, ax, title=f"Recorded on {prov['device']}")
-    plt.show()
-    display(Markdown(" ".join(f"{v[0].upper()}{v[1:]}." for v in TM.verdicts(rec).values())))
-if not records:
-    display(Markdown(
-        "No GPU record of this experiment exists yet. On a CUDA GPU it reads "
-        "`torch.cuda.memory_allocated` around the same phases with the `small` preset, and the "
-        "'unexplained' column shows what the caching allocator adds. `python -m mlsys.experiments "
-        "training_memory` on a GPU writes the record under `results/`; this page then shows it."))
+experiments.show_recorded("training_memory", show=pages.show_training_memory, would_show=(
+    "On a CUDA GPU it reads `torch.cuda.memory_allocated` around the same phases with the "
+    "`small` preset, and the 'unexplained' column shows what the caching allocator adds."))
 
 # %% [markdown]
 # The same count, scaled up: model states against model size, one line per recipe
@@ -435,31 +415,8 @@ glue("shared_lines", "; ".join(f"{', '.join(names[1:])} dashed on {names[0]}"
                                 for names in by_bytes.values() if len(names) > 1))
 
 # %% tags=["remove-input"]
-fig, ax = plotting.subplots(width=7.5, height=4.6)
-sizes = torch.logspace(5, 12, 60, dtype=torch.float64).tolist()
-drawn = set()  # a recipe with the bytes/param of an earlier one shares its line: dashed
-for color, r in zip(plotting.CYCLE, memory.RECIPES.values(), strict=False):
-    ax.plot(sizes, [s * r.bytes_per_param / GB for s in sizes], color=color, label=r.name,
-            linestyle=(0, (4, 4)) if r.bytes_per_param in drawn else "-")
-    drawn.add(r.bytes_per_param)
-for name, p in n_params.items():
-    preset_gb = memory.model_state_bytes(p, "fp32_adamw") / GB
-    ax.plot(p, preset_gb, "o", color="white", markeredgecolor=plotting.COLORS["ceiling"],
-            label="presets (16 B/param)" if name == "debug" else None)
-    ax.annotate(name, (p, preset_gb), xytext=(-6, 6), textcoords="offset points", ha="right",
-                fontsize=7)
-for devices, style in ((1, ":"), (N_DEVICES, "-.")):
-    ceiling_gb = devices * hbm_bytes / GB
-    ax.axhline(ceiling_gb, color=plotting.COLORS["ceiling"], linestyle=style, lw=1,
-               label=f"{devices} x {ACCELERATOR.name} ({ceiling_gb:.0f} GB)")
-    limit = memory.max_trainable_params(devices, hbm_bytes, "fp32_adamw")
-    ax.axvline(limit, color=plotting.COLORS["muted"], linestyle=style, lw=1)
-    ax.annotate(f"{limit / GB:.0f}B", (limit, ceiling_gb), xytext=(4, -12),
-                textcoords="offset points", fontsize=8)
-plotting.finish(ax, title="Model states versus model size", xlabel="parameters",
-                ylabel="model states (GB)", logx=True, logy=True)
-ax.legend(fontsize=7, loc="upper left")
-plt.show()
+kit.draw(plotting.plot_model_states, n_params, width=7.5, height=4.6, accelerator=ACCELERATOR,
+         n_devices=N_DEVICES)
 
 # %% [markdown]
 # Even the sharded answer is an upper bound. Beyond what the allocator showed above, a GPU also
@@ -604,12 +561,11 @@ act = {dt: chain.n_layers * saved_bytes(chain, 1, CHAIN_SEQ, dtype=dt,
        for dt in ("fp32", "bf16")}  # per sequence (the causal mask aside, linear in the batch)
 assert act["bf16"] < act["fp32"] <= 2 * act["bf16"] + chain.n_layers * CHAIN_SEQ**2
 fp32_states, mixed_states = states["fp32_adamw"], states["bf16_mixed_adamw"]
-saving = {b: (fp32_states + b * act["fp32"]) / (mixed_states + b * act["bf16"])
-          for b in (1, CHAIN_BATCH)}  # total fp32 memory over total mixed-precision memory
 # saving >= 1.5 once b * (act_fp32 - 1.5 act_bf16) >= 1.5 mixed - fp32 states:
 batch_15 = math.ceil((1.5 * mixed_states - fp32_states) / (act["fp32"] - 1.5 * act["bf16"]))
-for b, expected in ((batch_15, True), (batch_15 - 1, False)):
-    assert ((fp32_states + b * act["fp32"]) / (mixed_states + b * act["bf16"]) >= 1.5) == expected
+saving = {b: (fp32_states + b * act["fp32"]) / (mixed_states + b * act["bf16"])
+          for b in (1, CHAIN_BATCH, batch_15 - 1, batch_15)}  # total fp32 over mixed memory
+assert saving[batch_15] >= 1.5 > saving[batch_15 - 1]
 assert saving[1] < 1.5 and act["fp32"] / act["bf16"] < 2  # the limit for huge batches: below 2x
 for name, value in [("states_ratio", fp32_states / mixed_states),
                     ("states_ratio18", fp32_states / states["bf16_mixed_adamw_fp32_grads"]),

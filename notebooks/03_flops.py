@@ -44,18 +44,17 @@ print(env.describe())
 import datetime
 import math
 
-import matplotlib.pyplot as plt
 import torch
-from IPython.display import display
 from torch.utils.flop_counter import FlopCounterMode
 
-from mlsys import experiments, hardware, plotting, precision
-from mlsys.accounting import flops, memory
+from mlsys import experiments, hardware
+from mlsys.accounting import flops, memory, utilization
 from mlsys.accounting.params import count_params, param_counts
-from mlsys.book import Table, glue, num
-from mlsys.experiments import train_step
+from mlsys.book import glue
+from mlsys.experiments import flop_counts, kit, pages, train_step
 from mlsys.models.config import TransformerConfig
 from mlsys.models.counting import count_model_flops
+from mlsys.numerics import precision
 
 # %% tags=["parameters"]
 SEED = 0
@@ -100,11 +99,12 @@ SECONDS_PER_DAY = datetime.timedelta(days=1).total_seconds()
 # %%
 peak = GPU.peak_flop_per_s(PEAK_DTYPE)  # dense peak
 total_flops = flops.six_n_flops_per_token(N_PARAMS) * N_TOKENS
-days = flops.training_time_s(total_flops, N_GPUS, peak, TARGET_MFU) / SECONDS_PER_DAY
+days = utilization.training_time_s(total_flops, N_GPUS, peak, TARGET_MFU) / SECONDS_PER_DAY
 assert math.isclose(days * SECONDS_PER_DAY,
                     6 * N_PARAMS * N_TOKENS / (N_GPUS * peak * TARGET_MFU), rel_tol=1e-12)
 sparse_peak = GPU.sparse_flop_per_s(PEAK_DTYPE)
-sparse_days = flops.training_time_s(total_flops, N_GPUS, sparse_peak, TARGET_MFU) / SECONDS_PER_DAY
+sparse_days = utilization.training_time_s(total_flops, N_GPUS, sparse_peak,
+                                          TARGET_MFU) / SECONDS_PER_DAY
 print(f"6 x {N_PARAMS:.3g} parameters x {N_TOKENS:.3g} tokens = {total_flops:.3g} FLOPs: "
       f"{days:.1f} days ({sparse_days:.1f} with the sparse peak, which is wrong)")
 for name, value in {"n_params_b": N_PARAMS / 1e9, "n_tokens_t": N_TOKENS / 1e12, "n_gpus": N_GPUS,
@@ -133,7 +133,7 @@ for name, value in {"n_params_b": N_PARAMS / 1e9, "n_tokens_t": N_TOKENS / 1e12,
 n_70b = count_params(SHAPE_70B)
 detailed_70b = flops.training_flops_per_token(SHAPE_70B, SEQ_70B)
 ratio_70b = detailed_70b / flops.six_n_flops_per_token(n_70b)
-days_detailed = flops.training_time_s(detailed_70b * N_TOKENS, N_GPUS, peak, TARGET_MFU)
+days_detailed = utilization.training_time_s(detailed_70b * N_TOKENS, N_GPUS, peak, TARGET_MFU)
 days_detailed /= SECONDS_PER_DAY
 print(f"N = {n_70b:,}; detailed / 6N at seq {SEQ_70B}: {ratio_70b:.3f} -> {days_detailed:.1f} days")
 for name, value in {"n_70b_b": n_70b / 1e9, "layers_70b": SHAPE_70B.n_layers, "seq_70b": SEQ_70B,
@@ -232,36 +232,15 @@ print(f"forward {fwd:,}, backward {bwd:,} (2x)")
 # %%
 cfg = TransformerConfig.preset(BREAKDOWN_PRESET)
 lf = flops.layer_flops(cfg, BATCH, SEQ)
-B, T, D, H, Fd = BATCH, SEQ, cfg.d_model, cfg.n_heads, cfg.d_ff
-formulas = {  # component: (formula as text, the same formula evaluated here, not by the library)
-    "q_proj": ("2·B·T·D²", 2 * B * T * D * D), "k_proj": ("2·B·T·D²", 2 * B * T * D * D),
-    "v_proj": ("2·B·T·D²", 2 * B * T * D * D), "o_proj": ("2·B·T·D²", 2 * B * T * D * D),
-    "attention_scores": ("2·B·T²·D", 2 * B * T * T * D),
-    "attention_values": ("2·B·T²·D", 2 * B * T * T * D),
-    "ffn_w1": ("2·B·T·D·F", 2 * B * T * D * Fd),
-    "ffn_w3": ("2·B·T·D·F", 2 * B * T * D * Fd),
-    "ffn_w2": ("2·B·T·F·D", 2 * B * T * Fd * D),
-    # elementwise estimates: norms 4 per element (x2 norms), RoPE 3 (q and k), scale 1 and
-    # softmax 5 per score, SwiGLU's gate 6 per hidden unit, two residual adds
-    "norms": ("2·4·B·T·D", 2 * 4 * B * T * D), "rope": ("2·3·B·T·D", 2 * 3 * B * T * D),
-    "attention_scale": ("1·B·H·T²", B * H * T * T),
-    "softmax": ("5·B·H·T²", 5 * B * H * T * T),
-    "swiglu_gate": ("6·B·T·F", 6 * B * T * Fd), "residual": ("2·B·T·D", 2 * B * T * D),
-}
 block_total = lf.matmul_flops + lf.elementwise_flops
-rows = []
-for name, value in lf.as_dict().items():
-    text, independent = formulas[name]
-    assert value == independent, name
-    kind = "matmul" if name in lf.MATMUL_TERMS else "elementwise (estimate)"
-    rows.append([f"`{name}`", kind, text, f"{value / 1e9:,.3f}", f"{value / block_total:.1%}"])
-rows.append(["block", "", "", f"{block_total / 1e9:,.3f}", "100%"])
+# every term of `lf` against its formula written out apart (`flop_counts.BLOCK_FORMULAS`)
+block_table = flop_counts.block_table(cfg, BATCH, SEQ)
 for name, value in {"elementwise_share_pct": 100 * lf.elementwise_flops / block_total,
                     "breakdown_preset": BREAKDOWN_PRESET, "batch": BATCH, "seq": SEQ}.items():
     glue(name, value)
 
 # %% tags=["remove-input"]
-Table(["component", "kind", "forward FLOPs (formula)", "GFLOP", "share of the block"], rows)
+block_table
 
 # %% [markdown]
 # The elementwise estimates add up to {glue:text}`elementwise_share_pct:.2f`% of the block: norms,
@@ -302,34 +281,20 @@ assert counter.get_total_flops() == predicted.forward_matmul_flops
 # seconds per preset):
 
 # %%
-rows, counted_totals = [], {}
-for name in PRESETS_UP_TO_XL:
-    preset = TransformerConfig.preset(name)
-    predicted_p = flops.transformer_flops(preset, COUNTER_BATCH, COUNTER_SEQ)
-    forward_count = count_model_flops(preset, COUNTER_BATCH, COUNTER_SEQ).get_total_flops()
-    assert forward_count == predicted_p.forward_matmul_flops, name
-    counted_totals[name] = forward_count
-    row = [f"`{name}`", f"{predicted_p.forward_matmul_flops:,}", f"{forward_count:,}",
-           f"{predicted_p.training_matmul_flops:,}"]
-    if name in BACKWARD_PRESETS:
-        counter = count_model_flops(preset, COUNTER_BATCH, COUNTER_SEQ, backward=True)
-        assert counter.get_total_flops() == predicted_p.training_matmul_flops == 3 * forward_count
-        row += [f"{counter.get_total_flops():,}", f"{counter.get_total_flops() / forward_count:g}"]
-    else:
-        row += ["(not run in this profile)", ""]
-    rows.append(row)
+# each total asserted against `transformer_flops`, and forward + backward against 3 forwards
+preset_table, counted_totals = flop_counts.preset_counts(PRESETS_UP_TO_XL, COUNTER_BATCH,
+                                                         COUNTER_SEQ, BACKWARD_PRESETS)
 for name, value in {"counter_batch": COUNTER_BATCH, "counter_seq": COUNTER_SEQ}.items():
     glue(name, value)
 
 # %% tags=["remove-input"]
-Table(["preset", "forward (analytic)", "forward (counter)", "fwd + bwd (analytic, 3×)",
-       "fwd + bwd (counter)", "counter ratio"], rows)
+preset_table
 
 # %% [markdown]
 # At batch {glue:text}`counter_batch` and sequence {glue:text}`counter_seq` (irregular on purpose),
 # the analytic forward equals the counter for every preset, and forward + backward is exactly three
-# forwards. The unit tests (`tests/test_flops.py`) repeat the module-by-module forward check for
-# every preset up to `xl`, and the 3 × check with both attention backends.
+# forwards. The unit tests (`tests/accounting/test_flops.py`) repeat the module-by-module forward
+# check for every preset up to `xl`, and the 3 × check with both attention backends.
 #
 # ```{note}
 # The scores are counted for the full $T \times T$ matrix, as the naive implementation computes them
@@ -359,22 +324,10 @@ Table(["preset", "forward (analytic)", "forward (counter)", "fwd + bwd (analytic
 # ```
 
 # %%
-rows = []
-for name in RULE_PRESETS:
-    preset = TransformerConfig.preset(name)
-    seq = preset.context_length
-    pc = param_counts(preset)
-    n_matmul = pc.matmul
-    detailed = flops.training_flops_per_token(preset, seq)
-    assert detailed == 6 * n_matmul + 12 * preset.n_layers * seq * preset.d_model  # the formula
-    six_n = flops.six_n_flops_per_token(pc.total)
-    rows.append([f"`{name}`", seq, f"{pc.total:,}", f"{n_matmul:,}",
-                 f"{pc.embedding / pc.total:.1%}", num(six_n / 1e9), num(detailed / 1e9),
-                 f"{detailed / six_n:.3f}"])
+six_n_table = flop_counts.six_n_table(RULE_PRESETS)  # asserts: detailed = 6 N_matmul + 12 LTD
 
 # %% tags=["remove-input"]
-Table(["preset", "T (its context)", "N", "N_matmul", "embedding share of N", "6N (GFLOP/token)",
-       "detailed (GFLOP/token)", "detailed / 6N"], rows)
+six_n_table
 
 # %% [markdown]
 # Two things separate the rule from the count, and the plot below shows both over sequence length:
@@ -402,21 +355,8 @@ for name, value in {"xl_long": xl_long, "xl_short": xl_short, "debug_short": deb
     glue(name, value)
 
 # %% tags=["remove-input"]
-fig, ax = plotting.subplots(width=6.8, height=4.0)
-for color, name in zip(plotting.CYCLE, RULE_PRESETS, strict=False):
-    ax.plot(RULE_SEQS, ratios[name], marker=".", color=color, label=name)
-    if name in counted_totals:  # the counter's forward x 3, per token, at the counter's sequence
-        per_token = 3 * counted_totals[name] / (COUNTER_BATCH * COUNTER_SEQ)
-        ax.plot(COUNTER_SEQ, per_token / (6 * count_params(TransformerConfig.preset(name))), "D",
-                color=color, markeredgecolor="white", markersize=7)
-ax.plot(RULE_SEQS, [flops.six_n_ratio(SHAPE_70B, s) for s in RULE_SEQS], ":",
-        color=plotting.COLORS["ceiling"], label="70B shape")
-ax.plot([], [], "D", color=plotting.COLORS["muted"], label="counter (forward × 3)")
-ax.axhline(1.0, color=plotting.COLORS["ceiling"], lw=1, linestyle="--", label="6N")
-plotting.finish(ax, title="Detailed training FLOPs per token / 6N",
-                xlabel="sequence length T (tokens)", ylabel="detailed / 6N", logx=2, logy=True)
-ax.legend(ncol=2, fontsize=8)
-plt.show()
+kit.draw(flop_counts.plot_six_n, RULE_PRESETS, width=6.8, height=4.0, seqs=RULE_SEQS,
+         counted=counted_totals, batch=COUNTER_BATCH, seq=COUNTER_SEQ, shape_70b=SHAPE_70B)
 
 # %% [markdown]
 # For `xl` the rule is within a few percent at short sequences ({glue:text}`xl_short:.3f` at
@@ -430,13 +370,7 @@ plt.show()
 # Where do the FLOPs go? Per preset at sequence {glue:text}`seq`, as shares of the forward pass:
 
 # %% tags=["remove-input"]
-shares = {name: flops.forward_shares(TransformerConfig.preset(name), SEQ) for name in RULE_PRESETS}
-parts = {group: [100 * shares[name][group] for name in RULE_PRESETS] for group in shares["debug"]}
-fig, ax = plotting.subplots(width=6.8, height=4.0)
-plotting.stacked_bars(ax, list(RULE_PRESETS), parts, ylabel="share of forward FLOPs (%)")
-plotting.finish(ax, title=f"Where the forward FLOPs go (sequence {SEQ})", legend=False)
-ax.legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
-plt.show()
+kit.draw(flop_counts.plot_shares, RULE_PRESETS, width=6.8, height=4.0, seq=SEQ)
 
 # %% [markdown]
 # The feed-forward dominates every preset: with $F = 4D$ its three matrices hold $12D^2$ of the
@@ -454,42 +388,15 @@ plt.show()
 # ```
 
 # %%
-block = counted  # the counter's per-module counts of the `small` model at (BATCH, SEQ), from above
-with torch.device("meta"):
-    linear = torch.nn.Linear(D, D, bias=False)
-    two_matrix_mlp = torch.nn.Sequential(torch.nn.Linear(D, Fd, bias=False), torch.nn.GELU(),
-                                         torch.nn.Linear(Fd, D, bias=False))
-    with FlopCounterMode(display=False) as linear_counter:
-        linear(torch.zeros(B, T, D))
-    with FlopCounterMode(display=False) as mlp_counter:
-        two_matrix_mlp(torch.zeros(B, T, D))
-checks = {  # name: (claimed formula, its value, corrected formula, its value, the counter)
-    "linear (D x D)": ("2·B·D_in·D_out", flops.claimed_linear_flops(B, D, D),
-                       "2·B·T·D_in·D_out", 2 * B * T * D * D, linear_counter.get_total_flops()),
-    "attention sub-layer": ("2·B·T·D·(4D + 2T·H)", flops.claimed_attention_flops(B, T, D, H),
-                            "2·B·T·D·(4D + 2T)", 2 * B * T * D * (4 * D + 2 * T),
-                            sum(block["Transformer.blocks.0.attn"].values())),
-    "SwiGLU feed-forward": ("4·B·T·D·F", flops.claimed_ffn_flops(B, T, D, Fd),
-                            "6·B·T·D·F", 6 * B * T * D * Fd,
-                            sum(block["Transformer.blocks.0.ffn"].values())),
-    "two-matrix MLP (GELU)": ("4·B·T·D·F", flops.claimed_ffn_flops(B, T, D, Fd),
-                              "4·B·T·D·F", 4 * B * T * D * Fd, mlp_counter.get_total_flops()),
-}
-rows = []
-for name, (claim, claimed, fix, fixed, count) in checks.items():
-    assert fixed == count, name
-    rows.append([name, claim, f"{claimed / count:.4g}", fix, f"{count:,}"])
-assert checks["linear (D x D)"][1] * T == linear_counter.get_total_flops()
-assert checks["attention sub-layer"][1] != checks["attention sub-layer"][4]
-assert 3 * checks["SwiGLU feed-forward"][1] == 2 * checks["SwiGLU feed-forward"][4]
-assert checks["two-matrix MLP (GELU)"][1] == checks["two-matrix MLP (GELU)"][4]  # two matrices
+# name: (claimed formula, its value, corrected formula, its value, the counter); each asserted
+checks = flop_counts.claimed_checks(cfg, BATCH, SEQ, counted)  # the `small` model's counts, above
 attention_check = checks["attention sub-layer"]
-for name, value in {"attention_claim_ratio": attention_check[1] / attention_check[4], "n_heads": H,
-                    "vocab": cfg.vocab_size}.items():
+for name, value in {"attention_claim_ratio": attention_check[1] / attention_check[4],
+                    "n_heads": cfg.n_heads, "vocab": cfg.vocab_size}.items():
     glue(name, value)
 
 # %% tags=["remove-input"]
-Table(["layer", "claimed", "claimed / counter", "correct", "counter (= correct)"], rows)
+flop_counts.claimed_table(checks)
 
 # %% [markdown]
 # - **Linear, $2 B D_\text{in} D_\text{out}$**: right *per token*, but a batch of sequences has $BT$
@@ -514,14 +421,15 @@ Table(["layer", "claimed", "claimed / counter", "correct", "counter (= correct)"
 # instead of three {cite}`narayanan2021efficient`, so HFU = $\tfrac{4}{3}$ MFU for the same run (a
 # run reporting 45% MFU with full recomputation has 60% HFU; MFU is the number to compare).
 #
-# ```{literalinclude} ../lib/mlsys/accounting/flops.py
+# ```{literalinclude} ../lib/mlsys/accounting/utilization.py
 # :pyobject: mfu
 # ```
 
 # %%
 forward_flops, step_s = 1e15, 10.0  # any forward and any step time
-step_mfu = flops.mfu(3 * forward_flops, step_s, peak)
-step_hfu = flops.hfu(flops.hardware_training_flops(forward_flops, recompute="full"), step_s, peak)
+step_mfu = utilization.mfu(3 * forward_flops, step_s, peak)
+step_hfu = utilization.hfu(utilization.hardware_training_flops(forward_flops, recompute="full"),
+                           step_s, peak)
 assert math.isclose(step_hfu, 4 / 3 * step_mfu)
 
 # %% [markdown]
@@ -549,9 +457,8 @@ glue("best_mfu_pct", 100 * max(train_step.mfus(step_rows).values()))
 train_step.table(step_rows, hardware.detect())
 
 # %% tags=["remove-input"]
-fig, ax = plotting.subplots(width=6.4, height=3.8)
-train_step.plot(step_rows, ax, accelerator=hardware.detect(), label=f", {env.device_name()}")
-plt.show()
+kit.draw(train_step.plot, step_rows, width=6.4, height=3.8, accelerator=hardware.detect(),
+         label=f", {env.device_name()}")
 
 # %% [markdown]
 # On {glue:text}`device_name` ({glue:text}`train_desc`): {glue:text}`mfu_verdict`. Large training
@@ -560,13 +467,7 @@ plt.show()
 # Recorded GPU runs of the same experiment (`python -m mlsys.experiments train_step` on a GPU):
 
 # %%
-records = experiments.recorded("train_step")
-print(experiments.no_record_text("train_step") if not records else f"{len(records)} record(s)")
-for record in records:
-    print(experiments.provenance_line(record))
-    accelerator = hardware.match_device_name(record["provenance"]["device"])
-    display(train_step.table(record["results"], accelerator))
-    print(train_step.mfu_verdict(record["results"]))
+experiments.show_recorded("train_step", tables=[], show=pages.show_train_step)
 
 # %% [markdown]
 # With the FLOPs known, the step time of any preset on any accelerator at a stated MFU is one
@@ -622,7 +523,7 @@ big, tokens_q5, mfu_q5 = TransformerConfig.preset("2.7B"), 50 * 10**9, 0.4
 state_q5 = memory.model_state_bytes(count_params(big), "bf16_mixed_adamw")  # chapter 02
 smallest_update = precision.ulp(0.02, "bf16") / 2  # chapter 01: anything smaller rounds away
 per_token_q5 = flops.training_flops_per_token(big, big.context_length)
-days_q5 = flops.training_time_s(per_token_q5 * tokens_q5, 8, peak, mfu_q5) / SECONDS_PER_DAY
+days_q5 = utilization.training_time_s(per_token_q5 * tokens_q5, 8, peak, mfu_q5) / SECONDS_PER_DAY
 lr_q5 = 1.6e-5  # GPT-3's 2.7B: peak 1.6e-4, decayed to 10% of it; an Adam step is about lr
 assert state_q5 < GPU.hbm_bytes and lr_q5 < smallest_update
 assert precision.round_to(0.02 + lr_q5, "bf16") == precision.round_to(0.02, "bf16")  # lost

@@ -43,19 +43,20 @@ print(env.describe())
 # %%
 import math
 
-import matplotlib.pyplot as plt
 import torch
 from IPython.display import display
 
-from mlsys import experiments, hardware, plotting, roofline
-from mlsys.accounting import bytes as B
+from mlsys import experiments, hardware, plotting, roofline, tables
+from mlsys.accounting import bytes as bytes_moved
 from mlsys.accounting import flops, params
 from mlsys.accounting.napkin import napkin
-from mlsys.book import Table, glue, num
-from mlsys.counters import ByteCounter, StorageTouches
+from mlsys.accounting.op_costs import op_costs
+from mlsys.book import Table, glue
 from mlsys.dtypes import bytes_per_element
-from mlsys.experiments import elementwise_fusion, fused_kernels, op_overhead, roofline_ops
-from mlsys.kernels import compile_report, compile_tables
+from mlsys.experiments import elementwise_fusion, fused_kernels, kit, op_overhead, roofline_ops
+from mlsys.experiments.byte_checks import kernel_table, linear_touches, touches_table
+from mlsys.experiments.pages import show_roofline_ops
+from mlsys.kernels import compile_predictions, compile_report, compile_tables
 from mlsys.models.config import TransformerConfig
 
 # %% tags=["parameters"]
@@ -99,9 +100,9 @@ h100_ridge = SPEC.ridge_intensity(SPEC_DTYPE)
 spec_roof = roofline.Ceilings.from_spec(SPEC, SPEC_DTYPE)
 b_spec = bytes_per_element(SPEC_DTYPE)
 n_star = math.ceil(3 * b_spec * h100_ridge / 2)  # a square N-matmul has I = 2N / (3b)
-assert (B.matmul_intensity(n_star, n_star, n_star, SPEC_DTYPE) >= h100_ridge
-        > B.matmul_intensity(n_star - 1, n_star - 1, n_star - 1, SPEC_DTYPE))
-ew_intensity = B.elementwise_intensity(1, SPEC_DTYPE)  # 1 FLOP per element, read 2 B and write 2 B
+assert (bytes_moved.matmul_intensity(n_star, n_star, n_star, SPEC_DTYPE) >= h100_ridge
+        > bytes_moved.matmul_intensity(n_star - 1, n_star - 1, n_star - 1, SPEC_DTYPE))
+ew_intensity = bytes_moved.elementwise_intensity(1, SPEC_DTYPE)  # 1 FLOP per element, 2 B + 2 B
 ew_fraction = spec_roof.attainable_flop_per_s(ew_intensity) / h100_peak
 assert ew_intensity == 1 / (2 * b_spec) and math.isclose(ew_fraction, ew_intensity / h100_ridge)
 for name, value in {"h100_tb_per_s": h100_bw / 1e12, "h100_tflops": h100_peak / 1e12,
@@ -134,20 +135,9 @@ print(f"{SPEC.name}: ridge {h100_ridge:.0f} FLOP/byte; square matmul compute-bou
 # %%
 glue("example_tokens", EXAMPLE_TOKENS)
 glue("example_d", EXAMPLE_D)
-costs = {dt: B.op_costs(dt, tokens=EXAMPLE_TOKENS, d_model=EXAMPLE_D, skinny_rows=SKINNY_ROWS,
-                        attention=EXAMPLE_ATTN) for dt in ("fp32", "bf16")}
-for op32, op16 in zip(costs["fp32"], costs["bf16"], strict=True):  # same FLOPs, twice the bytes
-    assert op32.flops == op16.flops and op32.traffic.total_bytes == 2 * op16.traffic.total_bytes
-square = costs["bf16"][0]
-assert math.isclose(square.intensity, 2 * EXAMPLE_D / (3 * b_spec))  # 2N / (3b)
-below = {op.name: h100_ridge / op.intensity for op in costs["bf16"] if op.intensity < h100_ridge}
-above = [op.name for op in costs["bf16"] if op.intensity >= h100_ridge]
-Table(["operation", "intensity", "I fp32 (FLOP/B)", "I bf16 (FLOP/B)", f"{SPEC.name}: bound",
-       "at most % of peak"],
-      [[op32.name, f"${op32.formula}$", f"{op32.intensity:.3g}", f"{op.intensity:.3g}",
-        spec_roof.bound(op.intensity),
-        f"{100 * spec_roof.attainable_flop_per_s(op.intensity) / h100_peak:.3g}"]
-       for op32, op in zip(costs["fp32"], costs["bf16"], strict=True)])
+costs = {dt: op_costs(dt, tokens=EXAMPLE_TOKENS, d_model=EXAMPLE_D, skinny_rows=SKINNY_ROWS,
+                      attention=EXAMPLE_ATTN) for dt in ("fp32", "bf16")}
+Table(*tables.op_intensity_table(costs["fp32"], costs["bf16"], spec_roof, SPEC.name))
 
 # %% [markdown]
 # {glue:text}`below_text`. Reaching the ridge: {glue:text}`above_text`. The spread is wide: naive
@@ -156,11 +146,10 @@ Table(["operation", "intensity", "I fp32 (FLOP/B)", "I bf16 (FLOP/B)", f"{SPEC.n
 # cannot be made compute-bound, only merged into a neighbour so its bytes never travel on their own.
 
 # %%
-below_sorted = sorted(below.items(), key=lambda item: item[1])
-glue("below_text", f"On the {SPEC.name} (bf16 ridge {h100_ridge:.0f} FLOP/byte), below the ridge "
-     "by a factor of: " + "; ".join(f"{name} {factor:,.1f}x" for name, factor in below_sorted))
-glue("above_text", ", ".join(above))
-assert min(below.values()) < 10 < 1000 < max(below.values())  # "a few" to "thousands", as said
+below = [h100_ridge / op.intensity for op in costs["bf16"] if op.intensity < h100_ridge]
+glue("below_text", tables.ridge_gap_text(costs["bf16"], SPEC, SPEC_DTYPE))
+glue("above_text", ", ".join(op.name for op in costs["bf16"] if op.intensity >= h100_ridge))
+assert min(below) < 10 < 1000 < max(below)  # "a few" to "thousands", as said
 
 # %% [markdown]
 # ### Attention: the $T^2$ terms
@@ -183,25 +172,13 @@ assert min(below.values()) < 10 < 1000 < max(below.values())  # "a few" to "thou
 
 # %%
 bsz, heads, _, d_head = EXAMPLE_ATTN
-attn_rows, tiled_cross = [], None
-for seq in ATTN_SEQS:
-    attn_flops = flops.scaled_dot_product_flops(bsz, heads, seq, d_head)
-    naive = B.naive_attention_traffic(bsz, heads, seq, d_head, SPEC_DTYPE)
-    tiled = B.tiled_attention_traffic(bsz, heads, seq, d_head, SPEC_DTYPE)
-    blocked = B.tiled_attention_traffic(bsz, heads, seq, d_head, SPEC_DTYPE, block_q=128)
-    assert naive.total_bytes - tiled.total_bytes == bsz * heads * 4 * seq * seq * b_spec  # 4 T^2
-    assert B.intensity(attn_flops, naive) < (d_head + 1.5) / b_spec  # the naive kernel's ceiling
-    if tiled_cross is None and B.intensity(attn_flops, tiled) >= h100_ridge:
-        tiled_cross = seq
-    attn_rows.append([f"{seq:,}", *(num(t.total_bytes / 1e9) for t in (naive, tiled, blocked)),
-                      f"{naive.total_bytes / tiled.total_bytes:,.0f}",
-                      f"{B.intensity(attn_flops, naive):,.1f}",
-                      f"{B.intensity(attn_flops, tiled):,.0f}"])
+tiled_cross = next(seq for seq in ATTN_SEQS if bytes_moved.intensity(
+    flops.scaled_dot_product_flops(bsz, heads, seq, d_head),
+    bytes_moved.tiled_attention_traffic(bsz, heads, seq, d_head, SPEC_DTYPE)) >= h100_ridge)
 glue("attn_desc", f"batch {bsz}, {heads} heads, d_head {d_head}")
 glue("naive_attn_cap", (d_head + 1.5) / b_spec)
 glue("tiled_cross", f"{tiled_cross:,}")
-Table(["T", "naive GB", "tiled GB (ideal)", "tiled GB (block_q 128)", "naive / tiled", "I naive",
-       "I tiled"], attn_rows)
+Table(*tables.attention_traffic_table(bsz, heads, d_head, ATTN_SEQS, SPEC_DTYPE, block_q=128))
 
 # %% [markdown]
 # ({glue:text}`attn_desc`, bf16, forward, with the scaling and the softmax counted as
@@ -225,24 +202,9 @@ Table(["T", "naive GB", "tiled GB (ideal)", "tiled GB (block_q 128)", "naive / t
 # `ByteCounter` then checks the bytes of all three matmuls against `linear_traffic`.
 
 # %%
-tokens, d_in, d_out = LINEAR_SHAPE
-torch.manual_seed(SEED)
-layer = torch.nn.Linear(d_in, d_out, bias=False)
-x_small = torch.randn(tokens, d_in, requires_grad=True)
-layer(x_small).sum().backward()  # the first step creates W.grad
-with StorageTouches(W=layer.weight, dW=layer.weight.grad) as touches:
-    layer(x_small).sum().backward()  # the second step accumulates into dW
-lin = B.linear_traffic(*LINEAR_SHAPE, "fp32")
-assert touches.count("W", kind="read") == lin.weight_reads == 2
-assert touches.count("dW", kind="write") == 1 and touches.count("dW", kind="read") == 1
-x_l, w_l = (torch.randn(*shape, requires_grad=True) for shape in ((tokens, d_in), (d_out, d_in)))
-dy_l = torch.randn(tokens, d_out)
-with ByteCounter() as counted:  # the three matmuls: Y = X W^T, then dX and dW
-    torch.autograd.grad(x_l @ w_l.t(), (x_l, w_l), dy_l)
-assert (counted.read_bytes, counted.write_bytes) == (lin.total.read_bytes, lin.total.write_bytes)
+touches = linear_touches(*LINEAR_SHAPE, seed=SEED)  # asserted equal to linear_traffic
 glue("w_reads", touches.count("W", kind="read"))
-Table(["aten op (forward + backward)", "reads", "writes"],
-      [[t.op, ", ".join(t.reads) or "-", ", ".join(t.writes) or "-"] for t in touches.touches])
+touches_table(touches)
 
 # %% [markdown]
 # #### Two claims from a widely shared one-pager, checked
@@ -251,22 +213,11 @@ Table(["aten op (forward + backward)", "reads", "writes"],
 # weight matrix three times* and that elementwise ops have an intensity of *1 FLOP/byte*:
 
 # %%
-lin_big = B.linear_traffic(EXAMPLE_TOKENS, EXAMPLE_D, EXAMPLE_D, SPEC_DTYPE)
-w_bytes = EXAMPLE_D * EXAMPLE_D * b_spec
-assert lin_big.grad_weight.write_bytes == w_bytes
-claimed_below, true_below = h100_ridge / 1.0, h100_ridge / ew_intensity
-for name, value in {"claim_ew_fp32": B.elementwise_intensity(1, "fp32"), "true_below": true_below,
-                    "claim_ew_bf16": ew_intensity, "claimed_below": claimed_below}.items():
+for name, value in {"claim_ew_fp32": bytes_moved.elementwise_intensity(1, "fp32"),
+                    "true_below": h100_ridge / ew_intensity, "claim_ew_bf16": ew_intensity,
+                    "claimed_below": h100_ridge / 1.0}.items():
     glue(name, value)
-Table(["quantity", "the one-pager", "correct", "why"], [
-    ["reads of W, forward + backward", "3", f"{lin_big.weight_reads} (forward, dX)",
-     "the third weight-sized access is the write of dW"],
-    ["intensity of a unary elementwise op", "1 FLOP/byte",
-     f"fp32 {B.elementwise_intensity(1, 'fp32')}, bf16 {ew_intensity} FLOP/byte",
-     "1 FLOP per element, and each element moves 2b bytes"],
-    ["intensity of an elementwise add", "1 FLOP/byte",
-     f"fp32 {B.elementwise_intensity(1, 'fp32', n_inputs=2):.4g}, bf16 "
-     f"{B.elementwise_intensity(1, 'bf16', n_inputs=2):.4g} FLOP/byte", "two inputs, one output"]])
+Table(*tables.byte_claims_table(EXAMPLE_TOKENS, EXAMPLE_D, SPEC_DTYPE))
 
 # %% [markdown]
 # "1 FLOP/byte" confuses FLOPs per element with FLOPs per byte: it is off by a factor $2b$. The
@@ -281,13 +232,9 @@ Table(["quantity", "the one-pager", "correct", "why"], [
 # roof for elementwise arithmetic):
 
 # %%
-ridge_header, ridge_rows = roofline.ridge_table(hardware.ACCELERATORS.values(),
-                                                ("fp32", "bf16", "fp8"))
 gpus = [hardware.get(k) for k in ("a100", "h100", "h200", "b200")]
 ridges = [g.ridge_intensity("bf16") for g in gpus]
-steps = [f"{'rises' if b > a else 'falls'} to {b:.0f} ({g.name})"
-         for a, b, g in zip(ridges, ridges[1:], gpus[1:], strict=False)]
-glue("ridge_path", f"{ridges[0]:.0f} ({gpus[0].name}), then " + ", ".join(steps))
+glue("ridge_path", tables.ridge_path(gpus, "bf16"))
 glue("ridge_monotone", "climbs every generation" if ridges == sorted(ridges) else
      "does not only climb: a faster memory lowers it as surely as a faster tensor core raises it")
 a100 = hardware.A100_80GB_SXM
@@ -298,7 +245,7 @@ for name, value in {"a100_ridge": a100.ridge_intensity("fp16"),
                     "a100_tb_rounded": a100_bw_rounded / 1e12,
                     "a100_tflops": a100.peak_flop_per_s("fp16") / 1e12}.items():
     glue(name, value)
-Table(ridge_header, ridge_rows)
+Table(*tables.ridge_table(hardware.ACCELERATORS.values(), ("fp32", "bf16", "fp8")))
 
 # %% [markdown]
 # The bf16 ridge goes {glue:text}`ridge_path` FLOP/byte: it {glue:text}`ridge_monotone`. The A100's
@@ -308,17 +255,8 @@ Table(ridge_header, ridge_rows)
 # rounding the bandwidth to {glue:text}`a100_tb_rounded:.0f` TB/s.
 
 # %% tags=["remove-input"]
-fig, ax = plotting.subplots(width=9.0, height=4.2)
-plotting.roofline(ax, spec_roof, lo=-5, hi=14, lw=2, label=f"{SPEC.name} roof, {SPEC_DTYPE} (spec)")
-ax.axvline(h100_ridge, color=plotting.COLORS["muted"], ls=":", lw=1)
-for color, marker, op in zip(plotting.CYCLE * 2, plotting.MARKERS, costs["bf16"], strict=False):
-    ax.plot([op.intensity], [spec_roof.attainable_flop_per_s(op.intensity)], marker, color=color,
-            ms=7, label=op.name)
-plotting.finish(ax, title=f"Napkin roofline: operations on an {SPEC.name} ({SPEC_DTYPE})",
-                xlabel="arithmetic intensity (FLOP/byte)", ylabel="attainable FLOP/s", logx=2,
-                logy=True)
-ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-plt.show()
+kit.draw(plotting.plot_op_roofline, costs["bf16"], width=9.0, height=4.2, accelerator=SPEC,
+         dtype=SPEC_DTYPE)
 
 # %% [markdown]
 # ## The code
@@ -364,23 +302,14 @@ plt.show()
 
 # %%
 ops_rows = roofline_ops.run(OPS)
-ops_verdicts = roofline_ops.verdicts(ops_rows)
-measured = roofline_ops.ceilings(ops_rows)
-ops_check = roofline_ops.consistency(ops_rows)
-for name, value in {"allocation_text": roofline_ops.allocation_text(ops_rows),
-                    "meas_gflops": measured.flop_per_s / 1e9, "device_name": env.device_name(),
-                    "meas_gbps": measured.bytes_per_s / 1e9, "meas_ridge": measured.ridge_intensity,
-                    "ops_attempts": ops_check["attempts"], "verdict_memory": ops_verdicts["memory"],
-                    "verdict_matmul": ops_verdicts["matmul"],
-                    "verdict_attention": ops_verdicts["attention"]}.items():
+glue("device_name", env.device_name())
+for name, value in roofline_ops.headline(ops_rows).items():  # roofs, attempts, verdicts
     glue(name, value)
 roofline_ops.table(ops_rows)
 
 # %% tags=["remove-input"]
-fig, ax = plotting.subplots(width=9.5, height=4.6)
-roofline_ops.plot(ops_rows, ax, title=f"Roofline of {env.device_name()}, {OPS.dtype}",
-                  accelerator=hardware.detect())
-plt.show()
+kit.draw(roofline_ops.plot, ops_rows, width=9.5, height=4.6, accelerator=hardware.detect(),
+         title=f"Roofline of {env.device_name()}, {OPS.dtype}")
 
 # %% [markdown]
 # On {glue:text}`device_name`: {glue:text}`allocation_text`. The roofs, measured interleaved with
@@ -411,23 +340,9 @@ plt.show()
 # %%
 from mlsys.kernels import _triton, elementwise, rmsnorm, softmax  # noqa: E402 (starts Triton)
 
-checks, g = [], torch.Generator().manual_seed(SEED)
-kernel_device = "cuda" if env.device() == "cuda" else "cpu"
-for dt in (torch.float32, torch.float16) if _triton.HAS_TRITON else ():
-    xs, xr, wr = (torch.randn(*shape, generator=g).to(kernel_device, dt)
-                  for shape in ((1003,), (37, 61), (61,)))
-    for name, fn, ref, args in [("repeat_unary fma, k=5", elementwise.repeat_unary,
-                                 elementwise.repeat_unary_ref, (xs, 5)),
-                                ("softmax (37, 61)", softmax.softmax, softmax.softmax_ref, (xr,)),
-                                ("rmsnorm (37, 61)", rmsnorm.rmsnorm, rmsnorm.rmsnorm_ref,
-                                 (xr, wr))]:
-        got = fn(*args).double()
-        expected = ref(*(a.double() if isinstance(a, torch.Tensor) else a for a in args))
-        torch.testing.assert_close(got, expected, **_triton.TOLERANCES[dt])
-        checks.append([name, str(dt).removeprefix("torch."), f"{(got - expected).abs().max():.2g}"])
 glue("kernel_mode", "interpreted on the CPU" if _triton.INTERPRETED else "compiled on the GPU"
      if _triton.HAS_TRITON else "Triton is not installed (Linux only): the references stand in")
-Table(["kernel", "dtype", "max |error| vs float64"], checks)
+kernel_table(torch.Generator().manual_seed(SEED), "cuda" if env.device() == "cuda" else "cpu")
 
 # %% [markdown]
 # All equal their references ({glue:text}`kernel_mode`).
@@ -449,9 +364,8 @@ glue("sweep_verdict", elementwise_fusion.sweep_verdict(fusion_rows))
 elementwise_fusion.table(fusion_rows)
 
 # %% tags=["remove-input"]
-fig, axes = plotting.subplots(1, 2, width=10.5, height=5.0)
-elementwise_fusion.plot(fusion_rows, axes, accelerator=hardware.detect())
-plt.show()
+kit.draw(elementwise_fusion.plot, fusion_rows, ncols=2, width=10.5, height=5.0,
+         accelerator=hardware.detect())
 
 # %% [markdown]
 # Measured: {glue:text}`sweep_verdict`. The model says why: below the turn a fused kernel runs at
@@ -468,9 +382,9 @@ plt.show()
 assert elementwise.eager_chain_bytes(FUSION.numel, "fp32", 2) == 2 * elementwise.repeat_unary_bytes(
     FUSION.numel, "fp32")
 glue("cos_verdict", elementwise_fusion.cos_verdict(fusion_rows))
-glue("h100_fp32_ridge", SPEC.ridge_intensity("fp32"))
+fp32_ridge = glue("h100_fp32_ridge", SPEC.ridge_intensity("fp32"))
 cos_bytes = elementwise.repeat_unary_bytes(1, "fp32")  # fused cos(cos(x)): read + write, 1 element
-glue("cos_break_even", SPEC.ridge_intensity("fp32") * cos_bytes / 2)  # instructions per cosine
+glue("cos_break_even", fp32_ridge * cos_bytes / 2)  # instructions per cosine
 elementwise_fusion.cos_table(fusion_rows)
 
 # %% [markdown]
@@ -497,9 +411,7 @@ display(op_overhead.table(overhead_rows))
 op_overhead.remedy_table(overhead_rows)
 
 # %% tags=["remove-input"]
-fig, axes = plotting.subplots(1, 2, width=10.5, height=3.9)
-op_overhead.plot(overhead_rows, axes)
-plt.show()
+kit.draw(op_overhead.plot, overhead_rows, ncols=2, width=10.5, height=3.9)
 
 # %% [markdown]
 # Measured: {glue:text}`doubling_verdict`. That is the "double the batch, time barely moves" test:
@@ -535,7 +447,7 @@ glue("chain_sass", f"{chains[0].sass_instructions} (k = 0) to "
 glue("softmax_cols", f"{softmax.MAX_COLS:,}")
 glue("rmsnorm_cols", f"{rmsnorm.MAX_COLS:,}")
 FUSED_GPU = fused_kernels.SIZES["gpu"]
-compile_tables.row_predictions(report, "sm_90", FUSED_GPU.numel, FUSED_GPU.rows)
+compile_predictions.row_predictions(report, "sm_90", FUSED_GPU.numel, FUSED_GPU.rows)
 
 # %% [markdown]
 # ### Recorded GPU results
@@ -546,18 +458,9 @@ compile_tables.row_predictions(report, "sm_90", FUSED_GPU.numel, FUSED_GPU.rows)
 # same functions as the live run above:
 
 # %%
-for name in ("roofline_ops", "elementwise_fusion", "op_overhead", "fused_kernels"):
-    runs = experiments.recorded(name)
-    print(f"{name}: {len(runs)} record(s)" if runs else experiments.no_record_text(name))
-    for record in runs:
-        print(experiments.provenance_line(record))
-        display(experiments.module(name).table(record["results"]))
-        if name == "roofline_ops":
-            fig, ax = plotting.subplots(width=9.5, height=4.6)
-            accelerator = hardware.match_device_name(record["provenance"]["device"])
-            roofline_ops.plot(record["results"], ax, accelerator=accelerator,
-                              title=f"Recorded: {record['provenance']['device']}")
-            plt.show()
+experiments.show_recorded("roofline_ops", show=show_roofline_ops)
+for name in ("elementwise_fusion", "op_overhead", "fused_kernels"):
+    experiments.show_recorded(name)
 
 # %% [markdown]
 # ```{admonition} Takeaway
@@ -578,13 +481,12 @@ for name in ("roofline_ops", "elementwise_fusion", "op_overhead", "fused_kernels
 # is its forward matmul compute-bound? Use `matmul_intensity`, then derive the closed form.
 
 # %% tags=["hide-cell"]
-d_q1, ridge_q1 = 4096, hardware.H100_SXM.ridge_intensity("bf16")
+d_q1, ridge_q1 = 4096, glue("q1_ridge", hardware.H100_SXM.ridge_intensity("bf16"))
 tokens_q1 = next(t for t in range(1, 1 << 20)
-                 if B.matmul_intensity(t, d_q1, d_q1, "bf16") >= ridge_q1)
+                 if bytes_moved.matmul_intensity(t, d_q1, d_q1, "bf16") >= ridge_q1)
 # I = 2 t d^2 / (2 (t d + d^2 + t d)) = t d / (d + 2t) >= R  <=>  t >= R d / (d - 2R)
 assert tokens_q1 == math.ceil(ridge_q1 * d_q1 / (d_q1 - 2 * ridge_q1))
 glue("q1_tokens", tokens_q1)
-glue("q1_ridge", ridge_q1)
 
 # %% [markdown]
 # ```{dropdown} Answer
@@ -602,15 +504,14 @@ glue("q1_ridge", ridge_q1)
 
 # %% tags=["hide-cell"]
 seq_q2, heads_q2, d_q2 = 8192, 32, 128
-naive_q2 = B.naive_attention_traffic(1, heads_q2, seq_q2, d_q2, "bf16")
-tiled_q2 = B.tiled_attention_traffic(1, heads_q2, seq_q2, d_q2, "bf16")
-blocked_q2 = B.tiled_attention_traffic(1, heads_q2, seq_q2, d_q2, "bf16", block_q=128)
-assert naive_q2.total_bytes == heads_q2 * 4 * seq_q2 * (seq_q2 + d_q2) * 2  # 4T(T + d) per head
-assert 2 * blocked_q2.total_bytes == naive_q2.total_bytes  # exactly half, since block_q = d_head
-for name, value in {"q2_naive_gb": naive_q2.total_bytes / 1e9,
-                    "q2_tiled_mb": tiled_q2.total_bytes / 1e6,
-                    "q2_blocked_gb": blocked_q2.total_bytes / 1e9,
-                    "q2_ratio": naive_q2.total_bytes / tiled_q2.total_bytes}.items():
+naive_q2 = bytes_moved.naive_attention_traffic(1, heads_q2, seq_q2, d_q2, "bf16").total_bytes
+tiled_q2, blocked_q2 = (bytes_moved.tiled_attention_traffic(1, heads_q2, seq_q2, d_q2, "bf16",
+                                                            block_q=b).total_bytes
+                        for b in (None, 128))  # the ideal, and query blocks of 128
+assert naive_q2 == heads_q2 * 4 * seq_q2 * (seq_q2 + d_q2) * 2  # 4T(T + d) per head
+assert 2 * blocked_q2 == naive_q2  # exactly half, since block_q = d_head
+for name, value in {"q2_naive_gb": naive_q2 / 1e9, "q2_tiled_mb": tiled_q2 / 1e6,
+                    "q2_blocked_gb": blocked_q2 / 1e9, "q2_ratio": naive_q2 / tiled_q2}.items():
     glue(name, value)
 
 # %% [markdown]
@@ -636,7 +537,7 @@ kernels = {k.name: k for k in trace.kernels}
 up, norm = kernels["SwiGLU up-projection w1"], kernels["RMSNorm"]
 assert trace.replicated_bytes_per_device == 16 * params.count_params(xl) < SPEC.hbm_bytes
 assert trace.step_flops_per_device == flops.transformer_flops(xl, 8, 1024).training_matmul_flops
-assert up.intensity_flop_per_byte == B.matmul_intensity(8 * 1024, xl.d_ff, xl.d_model, "bf16")
+assert up.intensity_flop_per_byte == bytes_moved.matmul_intensity(8 * 1024, xl.d_ff, xl.d_model)
 assert norm.bound == "memory-bound" and up.bound == "compute-bound"  # one on each side
 for name, value in {"q4_state_gb": trace.replicated_bytes_per_device / 1e9,
                     "q4_ms": trace.step_s * 1e3, "q4_tflop": trace.step_flops_per_device / 1e12,
@@ -663,8 +564,8 @@ for name, value in {"q4_state_gb": trace.replicated_bytes_per_device / 1e9,
 
 # %% tags=["hide-cell"]
 n_q5, flops_per_element = 8192 * 8192, 20
-gelu = roofline.estimate(flops_per_element * n_q5, B.elementwise_traffic(n_q5, "bf16").total_bytes,
-                         spec_roof)
+gelu = roofline.estimate(flops_per_element * n_q5,
+                         bytes_moved.elementwise_traffic(n_q5, "bf16").total_bytes, spec_roof)
 claimed_s = flops_per_element * n_q5 / h100_peak
 assert gelu.bound == "memory-bound" and gelu.time_s > 10 * claimed_s
 assert flops_per_element / (2 * b_spec) < h100_ridge / 10  # more than ten times below the ridge

@@ -44,22 +44,23 @@ from mlsys import env
 print(env.describe())
 
 # %%
-import matplotlib.pyplot as plt
 from IPython.display import display
 
-from mlsys import experiments, hardware, plotting, profiling, third_party
-from mlsys.accounting import activations, flops, memory
-from mlsys.accounting import bytes as B
+from mlsys import experiments, hardware, third_party
+from mlsys.accounting import activations, flops, flops_by_class, memory, recompute
+from mlsys.accounting import bytes as bytes_moved
 from mlsys.accounting.params import count_params
 from mlsys.book import Table, glue, num
 from mlsys.experiments import (
     compile_step,
+    kit,
     step_benchmark,
     step_memory,
     step_profile,
     timing_pitfalls,
 )
 from mlsys.models.config import TransformerConfig
+from mlsys.profiling import profiler
 
 # %% tags=["parameters"]
 # Napkin math (nothing measured): the seed's GPU, and the model and batch of the predictions
@@ -103,7 +104,7 @@ print(PITFALLS, BENCH, PROFILE, MEMORY, COMPILE, sep="\n")
 # forward times imply, at the batch of 4 the assignment uses:
 
 # %%
-adamw_bytes = B.adamw_traffic(count_params(TransformerConfig.preset(PRESET)), "fp32")
+adamw_bytes = bytes_moved.adamw_traffic(count_params(TransformerConfig.preset(PRESET)), "fp32")
 assert adamw_bytes.total_bytes == 28 * count_params(TransformerConfig.preset(PRESET))  # 28N
 glue("adamw_b_per_param", 28)
 seed_rows = step_benchmark.third_party_rows(SEED_GPU)
@@ -139,13 +140,13 @@ Table(["preset", "seq", "forward ms (theirs)", "backward / forward", "at fp32 pe
 #
 # ### Where the FLOPs are, and where the time will be
 #
-# `profiling.class_flops` puts `accounting.flops` into the classes a profiler sees. For `small` at
-# batch 4 × 512 tokens, per training step:
+# `flops_by_class.class_flops` puts `accounting.flops` into the classes a profiler sees. For
+# `small` at batch 4 × 512 tokens, per training step:
 
 # %%
 cfg = TransformerConfig.preset(PRESET)
-class_fl = profiling.class_flops(cfg, BATCH, SEQ, training=True)
-fl_share = profiling.shares(class_fl)
+class_fl = flops_by_class.class_flops(cfg, BATCH, SEQ, training=True)
+fl_share = profiler.shares(class_fl)
 glue("norm_flop_pct", 100 * fl_share["normalization"])
 glue("matmul_flop_pct", 100 * fl_share["matmul"])
 attn_ratio = 2 * cfg.d_head / flops.SOFTMAX_OPS_PER_ELEMENT  # one attention matmul / softmax
@@ -209,10 +210,10 @@ ck_rows = [["none", num(saved.total_bytes / 1e6), num(saved.peak_bytes / 1e6), "
             num((states + saved.peak_bytes) / 1e9)]]
 for k in CHECKPOINT_SEGMENTS:
     a = activations.saved_bytes(cfg, BATCH, SEQ, checkpoint_segment=k)
-    share = activations.recompute_overhead(cfg, BATCH, SEQ, checkpoint_segment=k)
+    share = recompute.recompute_overhead(cfg, BATCH, SEQ, checkpoint_segment=k)
     ck_rows.append([f"segments of {k}", num(a.total_bytes / 1e6), num(a.peak_bytes / 1e6),
                     f"{share:.1%}", num((states + a.peak_bytes) / 1e9)])
-overhead_k1 = activations.recompute_overhead(cfg, BATCH, SEQ, checkpoint_segment=1)
+overhead_k1 = recompute.recompute_overhead(cfg, BATCH, SEQ, checkpoint_segment=1)
 assert overhead_k1 < 1 / 3  # below the quoted +33%
 peaks = {k: activations.saved_bytes(cfg, BATCH, SEQ, checkpoint_segment=k).peak_bytes
          for k in CHECKPOINT_SEGMENTS}
@@ -229,15 +230,15 @@ Table(["checkpointing", "kept after forward (MB)", "saved at most (MB)",
 #
 # ## The code
 #
-# `profiling.Profile` wraps `torch.profiler` around named phases (a `record_function` range, and an
+# `profiler.Profile` wraps `torch.profiler` around named phases (a `record_function` range, and an
 # NVTX range on a GPU so Nsight Systems shows the same phases) and sorts every op or kernel into a
 # class by its name, then by the autograd node or module that ran it:
 #
-# ```{literalinclude} ../lib/mlsys/profiling.py
+# ```{literalinclude} ../lib/mlsys/profiling/classes.py
 # :pyobject: classify
 # ```
 #
-# `memory_timeline.meter` reads the live and peak bytes of each phase (on a GPU the caching
+# `memory_meter.meter` reads the live and peak bytes of each phase (on a GPU the caching
 # allocator's counters and, on request, its history; on a CPU the profiler's allocation events), and
 # `models.checkpointing` checkpoints the unmodified model's blocks:
 #
@@ -276,9 +277,7 @@ for name, text in bench_verdicts.items():
 step_benchmark.table(bench_rows)
 
 # %% tags=["remove-input"]
-fig, ax = plotting.subplots(width=8.0, height=4.0)
-step_benchmark.plot(bench_rows, ax)
-plt.show()
+kit.draw(step_benchmark.plot, bench_rows, width=8.0, height=4.0)
 
 # %% [markdown]
 # On this machine: {glue:text}`bench_overhead`; {glue:text}`bench_backward`;
@@ -300,9 +299,7 @@ display(step_profile.phase_table(profile_rows))
 step_profile.class_table(profile_rows)
 
 # %% tags=["remove-input"]
-fig, ax = plotting.subplots(width=9.0, height=3.8)
-step_profile.plot(profile_rows, ax)
-plt.show()
+kit.draw(step_profile.plot, profile_rows, width=9.0, height=3.8)
 
 # %% [markdown]
 # For {glue:text}`profile_model`: {glue:text}`profile_matmul`. The optimizer runs no matmul at all,
@@ -327,7 +324,7 @@ step_profile.core_table(profile_rows)
 # ### Where the memory goes
 #
 # For each length a fresh model takes a warm-up step (AdamW creates its moments in the first), then
-# one step whose phases are read by `memory_timeline.meter`. Bytes count from the start of that
+# one step whose phases are read by `memory_meter.meter`. Bytes count from the start of that
 # step, above what is resident (weights, moments, buffers, the batch):
 
 # %%
@@ -338,10 +335,7 @@ for name, text in memory_verdicts.items():
 step_memory.peak_table(memory_rows)
 
 # %% tags=["remove-input"]
-fig, axes = plotting.subplots(1, 2, width=11.0, height=4.0)
-step_memory.plot_timeline(memory_rows, axes[0])
-step_memory.plot_peak(memory_rows, axes[1])
-plt.show()
+kit.draw(step_memory.plot, memory_rows, ncols=2, width=11.0, height=4.0)
 
 # %% [markdown]
 # The counter and the formula agree: {glue:text}`memory_saved`. Against the napkin:
@@ -431,19 +425,13 @@ compile_step.table(compile_rows)
 # the seed) and records them under `results/`. Every record present, through the same functions:
 
 # %%
-shown = {"timing_pitfalls": [timing_pitfalls.table], "step_benchmark": [step_benchmark.table],
+shown = {"timing_pitfalls": None, "step_benchmark": None,  # None: the module's `table`
          "step_profile": [step_profile.phase_table, step_profile.class_table,
                           step_profile.core_table],
          "step_memory": [step_memory.peak_table, step_memory.breakdown_table,
-                         step_memory.checkpoint_table],
-         "compile_step": [compile_step.table]}
+                         step_memory.checkpoint_table], "compile_step": None}
 for name, tables in shown.items():
-    runs = experiments.recorded(name)
-    print(f"{name}: {len(runs)} record(s)" if runs else experiments.no_record_text(name))
-    for record in runs:
-        print(experiments.provenance_line(record))
-        for table in tables:
-            display(table(record["results"]))
+    experiments.show_recorded(name, tables=tables)
 
 # %% [markdown]
 # ```{admonition} Takeaway
@@ -471,7 +459,7 @@ big = TransformerConfig.preset("2.7B", attention="sdpa")
 q1_states = memory.model_state_bytes(count_params(big), "fp32_adamw")
 q1_plain = activations.saved_bytes(big, 4, 1024)
 q1_ck = activations.saved_bytes(big, 4, 1024, checkpoint_segment=1)
-q1_share = activations.recompute_overhead(big, 4, 1024, checkpoint_segment=1)
+q1_share = recompute.recompute_overhead(big, 4, 1024, checkpoint_segment=1)
 device_bytes = SPEC.hbm_bytes
 assert q1_states + q1_plain.total_bytes > device_bytes  # does not fit as it is
 assert device_bytes > q1_states + q1_ck.peak_bytes  # fits with every block checkpointed

@@ -45,19 +45,19 @@ print(env.describe())
 # %%
 import math
 
-import matplotlib.pyplot as plt
 import torch
-from IPython.display import display
 
-from mlsys import experiments, hardware, plotting, third_party
-from mlsys.accounting import attention as A
-from mlsys.accounting import flops, tiles
+from mlsys import experiments, hardware, roofline, tables
+from mlsys.accounting import attention as attention_cost
+from mlsys.accounting import attention_traffic, flops, tiles
 from mlsys.accounting.params import param_counts
-from mlsys.book import Table, glue, num
-from mlsys.experiments import attention_model_step, attention_sweep, flash_benchmark
-from mlsys.kernels import aot, compile_report, compile_tables
-from mlsys.models.attention import FlashAttentionTorch, attention, max_error
+from mlsys.book import Table, glue
+from mlsys.experiments import attention_model_step, attention_sweep, flash_benchmark, kit, pages
+from mlsys.experiments import attention_sweep_seed as sweep_seed
+from mlsys.experiments.attention_checks import flash_torch_table, flash_triton_table
+from mlsys.kernels import aot, compile_predictions, compile_report, compile_tables
 from mlsys.models.config import TransformerConfig
+from mlsys.ops.attention import attention
 
 # %% tags=["parameters"]
 SEED = 0
@@ -102,34 +102,21 @@ print(SWEEP, BENCH, STEP, sep="\n")
 # %%
 cfg = TransformerConfig.preset(PRESET)
 layer = flops.transformer_flops(cfg, BATCH, SEQ).layer
-counts = param_counts(cfg)
 projections = layer.q_proj + layer.k_proj + layer.v_proj + layer.o_proj
 core = layer.attention_scores + layer.attention_values
-assert counts.attention_per_layer == 4 * cfg.d_model**2  # no biases
-assert core == A.attention_forward_flops(BATCH, cfg.n_heads, SEQ, SEQ, cfg.d_head)  # dense
+assert param_counts(cfg).attention_per_layer == 4 * cfg.d_model**2  # no biases
+assert core == attention_cost.attention_forward_flops(BATCH, cfg.n_heads, SEQ, SEQ,
+                                                      cfg.d_head)  # dense
 glue("blk_tokens", f"{SEQ:,}")
 glue("blk_batch", BATCH)
 glue("blk_core_share", 100 * core / (core + projections))
-block_rows = []
-for seq in (256, 1_024, 4_096, 16_384, 65_536):
-    lf = flops.transformer_flops(TransformerConfig.preset(PRESET, context_length=65_536), 1,
-                                 seq).layer
-    proj = lf.q_proj + lf.k_proj + lf.v_proj + lf.o_proj
-    naive = A.naive_attention_forward_traffic(1, cfg.n_heads, seq, seq, cfg.d_head, "bf16",
-                                              causal=True)
-    tiled = A.flash_forward_traffic(1, cfg.n_heads, seq, seq, cfg.d_head, "bf16", block_q=TILE,
-                                    block_k=TILE, causal=True)
-    block_rows.append([f"{seq:,}", num(proj / 1e9), num((lf.attention_scores
-                                                        + lf.attention_values) / 1e9),
-                       num(naive.total_bytes / 1e6), num(tiled.total_bytes / 1e6),
-                       f"{naive.total_bytes / tiled.total_bytes:.0f}"])
 cross = 2 * cfg.d_model  # 4 n^2 D >= 8 n D^2  <=>  n >= 2D
-lf_cross = flops.transformer_flops(TransformerConfig.preset(PRESET), 1, cross).layer
+lf_cross = flops.transformer_flops(cfg, 1, cross).layer
 assert lf_cross.attention_scores + lf_cross.attention_values == (
     lf_cross.q_proj + lf_cross.k_proj + lf_cross.v_proj + lf_cross.o_proj)
 glue("core_cross", f"{cross:,}")
-Table(["tokens", "projections GFLOP", "QKᵀ and PV GFLOP (dense)", "naive bytes (MB, bf16)",
-       "tiled bytes (MB)", "naive / tiled"], block_rows)
+Table(*tables.attention_block_table(TransformerConfig.preset(PRESET, context_length=65_536),
+                                    (256, 1_024, 4_096, 16_384, 65_536), tile=TILE))
 
 # %% [markdown]
 # Parameters: $4D^2$ per layer. FLOPs: the projections cost $8nD^2$, linear in the length; the two
@@ -153,41 +140,19 @@ Table(["tokens", "projections GFLOP", "QKᵀ and PV GFLOP (dense)", "naive bytes
 # ```
 
 # %%
-glue("q_seq", Q_SEQ)
-q_mem = A.naive_memory(1, 1, Q_SEQ, Q_SEQ, Q_D, "fp32")
-glue("q_io_mb", 4 * Q_SEQ * Q_D * 4 / 1e6)  # q, k, v, O
-glue("q_before_gb", q_mem.before_backward_bytes / 1e9)
-glue("q_peak_gb", q_mem.backward_peak_bytes / 1e9)
-glue("tile", TILE)
-seed_eager = {(r.d_head, r.seq): r for r in third_party.CS336_STUDENT_ATTENTION
-              if r.variant == "eager"}
-seed_comp = {r.d_head: r for r in third_party.CS336_STUDENT_ATTENTION if r.variant == "compiled"}
-mib = 2**20
-seed_rows = []
-for (d, seq), r in seed_eager.items():
-    m = A.naive_memory(SWEEP_BATCH, 1, seq, seq, d, "fp32")
-    inputs = 3 * SWEEP_BATCH * seq * d * 4  # q, k, v (theirs count from zero, ours above them)
-    seed_rows.append([d, f"{seq:,}", num(r.before_backward_mb), num(
-        (m.before_backward_bytes + inputs) / mib), f"{r.before_backward_mb * mib / seq**2:.1f}",
-        num(r.peak_mb), f"{(r.peak_mb - r.before_backward_mb) * mib / m.matrix_bytes:.2f}"])
-per_pair = SWEEP_BATCH * 4  # batch x fp32 bytes per (query, key) pair: P
-long = seed_eager[(16, 16_384)]
-their_extra = (long.peak_mb - long.before_backward_mb) * mib / (SWEEP_BATCH * 16_384**2 * 4)
-assert abs(long.before_backward_mb * mib / 16_384**2 - per_pair) < 1  # settles near 32
-glue("per_pair", per_pair)
-glue("their_extra", their_extra)
-glue("our_extra", (q_mem.backward_peak_bytes - q_mem.before_backward_bytes) / q_mem.matrix_bytes)
-assert round(their_extra - (q_mem.backward_peak_bytes - q_mem.before_backward_bytes)
-             / q_mem.matrix_bytes) == 1  # one n x n matrix more than the book's code
-glue("seed_peak_gb", long.peak_mb * mib / 1e9)
-their_matrices = round(their_extra) + 1  # P and what their backward added
-glue("seed_peak_2x_gb", their_matrices * SWEEP_BATCH * 32_768**2 * 4 / 1e9)
-comp = seed_comp[16]
-glue("their_comp_extra", (comp.peak_mb - comp.before_backward_mb) * mib
-     / (SWEEP_BATCH * 16_384**2 * 4))
-Table(["d", "seq", "theirs: before backward (MiB)", "predicted, with q, k, v (MiB)",
-       "theirs: bytes / n²", "theirs: peak (MiB)", "theirs: added in backward (matrices)"],
-      seed_rows)
+q_mem = attention_cost.naive_memory(1, 1, Q_SEQ, Q_SEQ, Q_D, "fp32")
+for name, value in {"q_seq": Q_SEQ, "q_io_mb": 4 * Q_SEQ * Q_D * 4 / 1e6,  # q, k, v, O
+                    "q_before_gb": q_mem.before_backward_bytes / 1e9,
+                    "q_peak_gb": q_mem.backward_peak_bytes / 1e9, "tile": TILE}.items():
+    glue(name, value)
+seed = sweep_seed.seed_numbers(SWEEP_BATCH)  # at 16,384 tokens, d = 16
+our_extra = (q_mem.backward_peak_bytes - q_mem.before_backward_bytes) / q_mem.matrix_bytes
+assert abs(seed["bytes_per_pair"] - seed["per_pair"]) < 1  # settles near 32: P, batch x fp32
+assert round(seed["their_extra"] - our_extra) == 1  # one n x n matrix more than the book's code
+glue("our_extra", our_extra)
+for name in ("per_pair", "their_extra", "seed_peak_gb", "seed_peak_2x_gb", "their_comp_extra"):
+    glue(name, seed[name])
+sweep_seed.seed_table(SWEEP_BATCH)
 
 # %% [markdown]
 # The seed's sweep (a third party's measurement {cite}`cs336_2025`: batch 8, one head, fp32, on an
@@ -202,16 +167,7 @@ Table(["d", "seq", "theirs: before backward (MiB)", "predicted, with q, k, v (Mi
 # each device's memory:
 
 # %%
-oom_rows = []
-for acc in hardware.ACCELERATORS.values():
-    fits = [n for n in (2**k for k in range(8, 18))
-            if A.naive_memory(SWEEP_BATCH, 1, n, n, 64, "fp32").backward_peak_bytes
-            <= acc.hbm_bytes]
-    largest = max(fits) if fits else None
-    oom_rows.append([acc.name, num(acc.hbm_bytes / 1e9), f"{largest:,}" if largest else "-",
-                     f"{2 * largest:,}" if largest else "-"])
-Table(["device", "memory (GB)", "longest power of two that fits", "first that does not"],
-      oom_rows)
+sweep_seed.fits_table(SWEEP_BATCH)
 
 # %% [markdown]
 # At its peak the seed's run held {glue:text}`seed_peak_gb:.1f` GB at 16,384 tokens; at 32,768 its
@@ -280,7 +236,7 @@ glue("err_merge", err_merge)
 # tiles above the diagonal are never visited. It is slow in Python (a loop of small matmuls) and
 # exists to be read once:
 #
-# ```{literalinclude} ../lib/mlsys/models/attention.py
+# ```{literalinclude} ../lib/mlsys/ops/flash_attention.py
 # :pyobject: flash_attention_torch
 # ```
 #
@@ -290,13 +246,7 @@ glue("err_merge", err_merge)
 # reference on irregular shapes, causal (bottom-right when $n_q \ne n_k$), forward and backward:
 
 # %%
-torch_rows = []
-for dt in (torch.float64, torch.float32):
-    for causal in (False, True):
-        err = max_error(FlashAttentionTorch.apply, SHAPES, dtype=dt, causal=causal, generator=g)
-        assert err < (1e-10 if dt == torch.float64 else 1e-4)
-        torch_rows.append(["flash_torch", str(dt).removeprefix("torch."), causal, f"{err:.1e}"])
-Table(["implementation", "dtype", "causal", "max |error| (O, dQ, dK, dV)"], torch_rows)
+flash_torch_table(SHAPES, g)  # each error asserted below its bound
 
 # %% [markdown]
 # ### The Triton kernels
@@ -321,23 +271,9 @@ Table(["implementation", "dtype", "causal", "max |error| (O, dQ, dK, dV)"], torc
 # %%
 from mlsys.kernels import _triton  # noqa: E402 (imports Triton: set up for this machine first)
 
-triton_rows = []
-if _triton.HAS_TRITON:
-    from mlsys.kernels.flash_attention import FlashAttentionTriton
-
-    device = "cuda" if env.device() == "cuda" else "cpu"
-    for dt in TRITON_DTYPES:
-        for causal in (False, True):
-            err = max_error(FlashAttentionTriton.apply, TRITON_SHAPES, dtype=dt, causal=causal,
-                            generator=g, device=device)
-            tol = _triton.ATTENTION_TOLERANCES[dt]["grad"]  # the tests' tolerance
-            assert err < 10 * (tol["atol"] + tol["rtol"])  # inputs and outputs of order 1
-            triton_rows.append(["flash_triton", str(dt).removeprefix("torch."), causal,
-                                f"{err:.1e}", f"{tol['atol']:.0e} + {tol['rtol']:.0e}·|ref|"])
 glue("triton_mode", "interpreted on the CPU" if _triton.INTERPRETED else "compiled on the GPU"
      if _triton.HAS_TRITON else "not run: Triton is not installed (Linux only)")
-Table(["implementation", "dtype", "causal", "max |error| (O, dQ, dK, dV)", "tests' tolerance"],
-      triton_rows)
+flash_triton_table(TRITON_SHAPES, TRITON_DTYPES, g, "cuda" if env.device() == "cuda" else "cpu")
 
 # %% [markdown]
 # The kernels ({glue:text}`triton_mode`) match the float64 reference; the test suite checks them on
@@ -346,21 +282,20 @@ Table(["implementation", "dtype", "causal", "max |error| (O, dQ, dK, dV)", "test
 
 # %%
 n_big, d_big = Q_SEQ, 128
-dense = A.score_pairs(n_big, n_big)
-tiled_pairs = A.tiled_score_pairs(n_big, n_big, block_q=TILE, block_k=TILE, causal=True)
-exact_pairs = A.score_pairs(n_big, n_big, causal=True)
-p_bytes = A.naive_memory(1, 1, n_big, n_big, d_big, "bf16").matrix_bytes
-fwd = A.attention_forward_flops(1, 1, n_big, n_big, d_big, causal=True)
-extra = {s_: A.attention_backward_flops(1, 1, n_big, n_big, d_big, causal=True, strategy=s_)
-         / fwd for s_ in A.BACKWARD_MATMULS}
+dense, exact_pairs = (attention_cost.score_pairs(n_big, n_big, causal=c) for c in (False, True))
+tiled_pairs = attention_cost.tiled_score_pairs(n_big, n_big, block_q=TILE, block_k=TILE,
+                                               causal=True)
+p_bytes = attention_cost.naive_memory(1, 1, n_big, n_big, d_big, "bf16").matrix_bytes
+fwd = attention_cost.attention_forward_flops(1, 1, n_big, n_big, d_big, causal=True)
+extra = {s_: attention_cost.attention_backward_flops(1, 1, n_big, n_big, d_big, causal=True,
+                                                     strategy=s_) / fwd
+         for s_ in attention_cost.BACKWARD_MATMULS}
 assert exact_pairs < tiled_pairs < 0.51 * dense
-glue("tiled_share", 100 * tiled_pairs / dense)
-glue("exact_share", 100 * exact_pairs / dense)
-glue("p_mb", p_bytes / 1e6)
-glue("bwd_stored", extra["stored_p"])
-glue("bwd_atomic", extra["atomic_dq"])
-glue("bwd_separate", extra["separate_dq"])
-glue("big_seq", f"{n_big:,}")
+for name, value in {"tiled_share": 100 * tiled_pairs / dense,
+                    "exact_share": 100 * exact_pairs / dense, "p_mb": p_bytes / 1e6,
+                    "bwd_stored": extra["stored_p"], "bwd_atomic": extra["atomic_dq"],
+                    "bwd_separate": extra["separate_dq"], "big_seq": f"{n_big:,}"}.items():
+    glue(name, value)
 
 # %% [markdown]
 # At {glue:text}`big_seq` tokens the causal kernel computes {glue:text}`tiled_share:.2f`% of the
@@ -425,16 +360,14 @@ compile_tables.flash_table(report, "sm_80", dtype="bf16", head_dim=128, causal=T
 smem, regs = compile_tables.shared_memory_check(report), compile_tables.register_check(report)
 assert smem.exact + smem.plus_p_tile == smem.total and regs.below_floor == 0
 assert regs.must_spill_and_spilled == regs.must_spill
-glue("smem_exact", f"{smem.exact:,}")
-glue("smem_total", f"{smem.total:,}")
-glue("smem_plus", smem.plus_p_tile)
-glue("smem_fp32", f"{smem.fp32_ratio[0]:.0%} to {smem.fp32_ratio[1]:.0%}")
-glue("regs_must", regs.must_spill)
-glue("regs_early", regs.spilled - regs.must_spill)
-glue("regs_low", f"{regs.smallest_spilling_floor:.0%}")
 dkdv = tiles.flash_register_floor("dkdv", 64, 128, 128, 4)
-glue("dkdv_acc", dkdv.parts["accumulators"])
-glue("regs_cap", dkdv.limit)
+for name, value in {"smem_exact": f"{smem.exact:,}", "smem_total": f"{smem.total:,}",
+                    "smem_plus": smem.plus_p_tile,
+                    "smem_fp32": f"{smem.fp32_ratio[0]:.0%} to {smem.fp32_ratio[1]:.0%}",
+                    "regs_must": regs.must_spill, "regs_early": regs.spilled - regs.must_spill,
+                    "regs_low": f"{regs.smallest_spilling_floor:.0%}",
+                    "dkdv_acc": dkdv.parts["accumulators"], "regs_cap": dkdv.limit}.items():
+    glue(name, value)
 compile_tables.removal_table(report)
 
 # %% [markdown]
@@ -481,10 +414,11 @@ if _triton.HAS_TRITON:  # compiling needs Triton (Linux), not a GPU
 # %% tags=["hide-input"]
 GPU_BENCH = flash_benchmark.SIZES["gpu"]  # predictions at the GPU run's sizes, on any machine
 problems = [(flash_benchmark.batch_for(GPU_BENCH, n), n) for n in GPU_BENCH.seqs]
-_, why_text = compile_tables.why_this_tile(report, "sm_90", heads=GPU_BENCH.heads, seq=16_384)
-glue("why_tile", why_text)
+glue("why_tile", compile_predictions.why_this_tile(report, "sm_90", heads=GPU_BENCH.heads,
+                                                  seq=16_384)[1])
 seen = flash_benchmark.recorded_forward_seconds(hardware.H100_SXM)
-compile_tables.flash_predictions(report, "sm_90", problems, heads=GPU_BENCH.heads, measured=seen)
+compile_predictions.flash_predictions(report, "sm_90", problems, heads=GPU_BENCH.heads,
+                                      measured=seen)
 
 # %% [markdown]
 # ## Measurement
@@ -496,16 +430,13 @@ compile_tables.flash_predictions(report, "sm_90", problems, heads=GPU_BENCH.head
 
 # %%
 sweep_rows = attention_sweep.run(SWEEP)
-sweep_verdicts = attention_sweep.verdicts(sweep_rows)
 glue("sweep_batch", SWEEP.batch)
-glue("sweep_memory", sweep_verdicts["memory"])
-glue("sweep_compiled", sweep_verdicts["compiled"])
+for key, text in attention_sweep.verdicts(sweep_rows).items():  # memory, compiled
+    glue(f"sweep_{key}", text)
 attention_sweep.table(sweep_rows)
 
 # %% tags=["remove-input"]
-fig, axes = plotting.subplots(1, 2, width=11.0, height=4.0)
-attention_sweep.plot(sweep_rows, axes)
-plt.show()
+kit.draw(attention_sweep.plot, sweep_rows, ncols=2, width=11.0, height=4.0)
 
 # %% [markdown]
 # Memory: {glue:text}`sweep_memory`. Compiled: {glue:text}`sweep_compiled`. What Inductor does
@@ -523,9 +454,8 @@ plt.show()
 
 # %%
 bench_rows = flash_benchmark.run(BENCH)
-bench_verdicts = flash_benchmark.verdicts(bench_rows)
-glue("bench_speed", bench_verdicts["speed"])
-glue("bench_memory", bench_verdicts["memory"])
+for key, text in flash_benchmark.verdicts(bench_rows).items():  # speed, memory
+    glue(f"bench_{key}", text)
 flash_benchmark.table(bench_rows)
 
 # %% [markdown]
@@ -538,9 +468,8 @@ flash_benchmark.table(bench_rows)
 
 # %%
 step_rows = attention_model_step.run(STEP)
-step_verdicts = attention_model_step.verdicts(step_rows)
-glue("step_memory", step_verdicts["memory"])
-glue("step_time", step_verdicts["time"])
+for key, text in attention_model_step.verdicts(step_rows).items():  # memory, time
+    glue(f"step_{key}", text)
 attention_model_step.table(step_rows)
 
 # %% [markdown]
@@ -558,22 +487,9 @@ attention_model_step.table(step_rows)
 # least 0.9× the best SDPA backend.
 
 # %%
-for name, tables in {"attention_sweep": [attention_sweep.table],
-                     "flash_benchmark": [flash_benchmark.table],
-                     "attention_model_step": [attention_model_step.table]}.items():
-    runs = experiments.recorded(name)
-    print(f"{name}: {len(runs)} record(s)" if runs else experiments.no_record_text(name))
-    for record in runs:
-        print(experiments.provenance_line(record))
-        for table in tables:
-            display(table(record["results"]))
-        if name == "flash_benchmark":
-            accelerator = hardware.match_device_name(record["provenance"]["device"])
-            print("targets:", flash_benchmark.targets(record["results"], accelerator))
-            fig, ax = plotting.subplots(width=8.0, height=4.0)
-            flash_benchmark.plot(record["results"], ax, **{k: flash_benchmark.TARGET[k]
-                                                           for k in ("dtype", "causal", "d_head")})
-            plt.show()
+experiments.show_recorded("attention_sweep")
+experiments.show_recorded("flash_benchmark", show=pages.show_flash_benchmark)
+experiments.show_recorded("attention_model_step")
 
 # %% [markdown]
 # ```{admonition} Takeaway
@@ -596,31 +512,28 @@ for name, tables in {"attention_sweep": [attention_sweep.table],
 
 # %% tags=["hide-cell"]
 heads_1, d_1, n_1 = 32, 128, 32_768
-naive_keep = A.attention_saved_bytes(1, heads_1, n_1, n_1, d_1, "bf16", backend="naive")
-flash_keep = A.attention_saved_bytes(1, heads_1, n_1, n_1, d_1, "bf16", backend="flash_triton")
-naive_io = A.naive_attention_forward_traffic(1, heads_1, n_1, n_1, d_1, "bf16", causal=True)
-flash_io = A.flash_forward_traffic(1, heads_1, n_1, n_1, d_1, "bf16", block_q=128, block_k=128,
-                                   causal=True)
-f_1 = A.attention_forward_flops(1, heads_1, n_1, n_1, d_1, causal=True)
-peak_1, bw_1 = SPEC.peak_flop_per_s("bf16"), SPEC.hbm_bytes_per_s
-bounds = {"naive": (A.attention_forward_flops(1, heads_1, n_1, n_1, d_1) / peak_1,  # every pair
-                    naive_io.total_bytes / bw_1),
-          "tiled": (f_1 / peak_1, flash_io.total_bytes / bw_1)}
-t_naive, t_flash = (max(b_) for b_ in bounds.values())
-assert bounds["naive"][1] > bounds["naive"][0] and t_naive > 5 * t_flash
-glue("q1_speedup", t_naive / t_flash)
-glue("q1_naive_bound", "memory-bound" if bounds["naive"][1] > bounds["naive"][0]
-     else "compute-bound")
+naive_keep, flash_keep = (attention_cost.attention_saved_bytes(
+    1, heads_1, n_1, n_1, d_1, "bf16", backend=b_) for b_ in ("naive", "flash_triton"))
+naive_io = attention_traffic.naive_attention_forward_traffic(1, heads_1, n_1, n_1, d_1, "bf16",
+                                                             causal=True)
+flash_io = attention_traffic.flash_forward_traffic(1, heads_1, n_1, n_1, d_1, "bf16", block_q=128,
+                                                   block_k=128, causal=True)
+roof_1 = roofline.Ceilings.from_spec(SPEC, "bf16")
+naive_t, flash_t = (roofline.estimate(attention_cost.attention_forward_flops(
+    1, heads_1, n_1, n_1, d_1, causal=causal), io.total_bytes, roof_1)
+    for causal, io in ((False, naive_io), (True, flash_io)))  # naive computes every pair
+assert naive_t.bound == "memory-bound" and naive_t.time_s > 5 * flash_t.time_s
+glue("q1_speedup", naive_t.time_s / flash_t.time_s)
+glue("q1_naive_bound", naive_t.bound)
 glue("q1_flash_bound", "its bytes take longer than its FLOPs: memory-bound by this count, which "
      "charges every re-read of K and V to HBM (most of them hit the L2 cache)"
-     if bounds["tiled"][1] > bounds["tiled"][0] else "its FLOPs take longer than its bytes: "
-     "compute-bound")
-glue("q1_flash_flop_ms", bounds["tiled"][0] * 1e3)
-glue("q1_flash_byte_ms", bounds["tiled"][1] * 1e3)
+     if flash_t.bound == "memory-bound" else "its FLOPs take longer than its bytes: compute-bound")
 for name, value in {"q1_naive_gb": naive_keep / 1e9, "q1_flash_mb": flash_keep / 1e6,
                     "q1_naive_io": naive_io.total_bytes / 1e9,
-                    "q1_flash_io": flash_io.total_bytes / 1e9, "q1_t_naive": t_naive * 1e3,
-                    "q1_t_flash": t_flash * 1e3}.items():
+                    "q1_flash_io": flash_io.total_bytes / 1e9,
+                    "q1_t_naive": naive_t.time_s * 1e3, "q1_t_flash": flash_t.time_s * 1e3,
+                    "q1_flash_flop_ms": flash_t.math_s * 1e3,
+                    "q1_flash_byte_ms": flash_t.memory_s * 1e3}.items():
     glue(name, value)
 
 # %% [markdown]
@@ -640,8 +553,8 @@ for name, value in {"q1_naive_gb": naive_keep / 1e9, "q1_flash_mb": flash_keep /
 # and its backward skips the matrix too." What is wrong? Count the backward's FLOPs.
 
 # %% tags=["hide-cell"]
-q2 = {s_: A.attention_backward_flops(1, 1, 4_096, 4_096, 64, strategy=s_) for s_ in
-      A.BACKWARD_MATMULS}
+q2 = {s_: attention_cost.attention_backward_flops(1, 1, 4_096, 4_096, 64, strategy=s_) for s_ in
+      attention_cost.BACKWARD_MATMULS}
 assert q2["separate_dq"] > q2["atomic_dq"] > q2["stored_p"]
 glue("q2_more", q2["atomic_dq"] / q2["stored_p"])
 
@@ -660,11 +573,10 @@ glue("q2_more", q2["atomic_dq"] / q2["stored_p"])
 # and what fraction of the dense work is that at $n$ = 16,384 with $b$ = 64 and 128?
 
 # %% tags=["hide-cell"]
-q3 = {}
-for b_3 in (64, 128):
-    t_3 = Q_SEQ // b_3
-    q3[b_3] = A.tiled_score_pairs(Q_SEQ, Q_SEQ, block_q=b_3, block_k=b_3, causal=True) / Q_SEQ**2
-    assert math.isclose(q3[b_3], t_3 * (t_3 + 1) / 2 / t_3**2)  # t(t + 1)/2 tiles of t^2
+q3 = {b_3: attention_cost.tiled_score_pairs(Q_SEQ, Q_SEQ, block_q=b_3, block_k=b_3, causal=True)
+      / Q_SEQ**2 for b_3 in (64, 128)}
+for b_3, share in q3.items():  # t(t + 1)/2 tiles of t^2, t = n / b
+    assert math.isclose(share, (Q_SEQ // b_3 + 1) / (2 * (Q_SEQ // b_3)))
 glue("q3_64", 100 * q3[64])
 glue("q3_128", 100 * q3[128])
 

@@ -47,15 +47,21 @@ import matplotlib.pyplot as plt
 import torch
 from IPython.display import display
 
-from mlsys import experiments, hardware, mixed_precision, plotting, policies
-from mlsys import norm_numerics as norms
+from mlsys import experiments, hardware, plotting, policies
 from mlsys.accounting import activations, flops, memory
 from mlsys.accounting.params import count_params
 from mlsys.book import Table, glue, num
-from mlsys.experiments import amp_memory, amp_speed, autocast_dtypes, autocast_overhead
+from mlsys.experiments import (
+    amp_memory,
+    amp_speed,
+    autocast_dtypes,
+    autocast_overhead,
+    mixed_precision,
+)
 from mlsys.models.config import TransformerConfig
 from mlsys.models.transformer import Transformer
-from mlsys.weight_updates import adam_first_step_stalls, stall_threshold
+from mlsys.numerics import norm_numerics as norms
+from mlsys.numerics.weight_updates import adam_first_step_stalls, stall_threshold
 
 # %% tags=["parameters"]
 SEED = 0
@@ -140,7 +146,7 @@ Table(["recipe", "model states (GB)", "saved activations (GB)", "sum (GB)"], nap
 #
 # fp16 keeps 10 mantissa bits and 5 exponent bits: values from $6.0 \times 10^{-8}$ (subnormal) to
 # 65,504. bf16 keeps fp32's 8 exponent bits and 7 mantissa bits. Three consequences, each computed
-# by `mlsys.norm_numerics` and `mlsys.weight_updates`:
+# by `mlsys.numerics.norm_numerics` and `mlsys.numerics.weight_updates`:
 
 # %%
 eps_rows = []
@@ -189,7 +195,7 @@ Table(["eps", "format", "stored as", "kind", "error", "absorbed by mean squares 
 # divides them back before the update, and adapts $S$: an overflow skips the step and halves it, a
 # run of good steps doubles it {cite}`micikevicius2018mixed`:
 #
-# ```{literalinclude} ../lib/mlsys/loss_scaling.py
+# ```{literalinclude} ../lib/mlsys/numerics/loss_scaling.py
 # :pyobject: DynamicLossScaler.update
 # ```
 #
@@ -432,13 +438,8 @@ amp_memory.table(memory_rows)
 # `2.7B`; fp16 and bf16 autocast dtypes on CUDA, whose op lists differ from the CPU's):
 
 # %%
-for name, module in {"autocast_dtypes": autocast_dtypes, "amp_speed": amp_speed,
-                     "autocast_overhead": autocast_overhead, "amp_memory": amp_memory}.items():
-    runs = experiments.recorded(name)
-    print(f"{name}: {len(runs)} record(s)" if runs else experiments.no_record_text(name))
-    for record in runs:
-        print(experiments.provenance_line(record))
-        display(module.table(record["results"]))
+for name in ("autocast_dtypes", "amp_speed", "autocast_overhead", "amp_memory"):
+    experiments.show_recorded(name)
 
 # %% [markdown]
 # ```{admonition} Takeaway

@@ -47,19 +47,17 @@ print(env.describe())
 import math
 
 import matplotlib.pyplot as plt
-import torch
 from IPython.display import display
 
 from mlsys import experiments, hardware, plotting, third_party
-from mlsys.accounting import activations, flops, memory
-from mlsys.accounting import comms as C
-from mlsys.accounting import zero as Z
+from mlsys.accounting import activations, buckets, flops, memory
+from mlsys.accounting import comms as comms_cost
+from mlsys.accounting import zero as zero_cost
 from mlsys.accounting.params import count_params
 from mlsys.book import Table, glue, num
 from mlsys.distributed import launch
-from mlsys.experiments import allreduce_bench, ddp_step
+from mlsys.experiments import allreduce_bench, ddp_step, ddp_step_seed, kit
 from mlsys.models.config import TransformerConfig
-from mlsys.models.transformer import Transformer
 
 MIB, GIB = 2**20, 2**30
 
@@ -109,11 +107,11 @@ print(ALLREDUCE, STEP, sep="\n")
 
 # %%
 coll_rows = []
-for name in C.COLLECTIVES:
-    two, eight = C.collective_cost(name, 1.0, 2), C.collective_cost(name, 1.0, 8)
+for name in comms_cost.COLLECTIVES:
+    two, eight = comms_cost.collective_cost(name, 1.0, 2), comms_cost.collective_cost(name, 1.0, 8)
     coll_rows.append([name.replace("_", "-"), f"{two.sent_bytes:.3g}", f"{eight.sent_bytes:.3g}",
                       f"{eight.bus_factor:.3g}", eight.steps])
-ar8, rs8, ag8 = (C.collective_cost(c, 1.0, 8) for c in ("all_reduce", "reduce_scatter",
+ar8, rs8, ag8 = (comms_cost.collective_cost(c, 1.0, 8) for c in ("all_reduce", "reduce_scatter",
                                                         "all_gather"))
 assert ar8.sent_bytes == rs8.sent_bytes + ag8.sent_bytes and ar8.steps == rs8.steps + ag8.steps
 Table(["collective", "sent per rank / M (n = 2)", "(n = 8)", "bus factor (n = 8)",
@@ -135,7 +133,8 @@ Table(["collective", "sent per rank / M (n = 2)", "(n = 8)", "bus factor (n = 8)
 seed_fit = allreduce_bench.third_party_fit()
 ar_rows = allreduce_bench.third_party_rows()
 for r in ar_rows:  # their "GB/s": the bus bandwidth in GiB/s, to the rounding of their times
-    claimed = C.claimed_effective_gb_per_s(r["message_bytes"], r["mean_s"], r["world_size"])
+    claimed = comms_cost.claimed_effective_gb_per_s(r["message_bytes"], r["mean_s"],
+                                                    r["world_size"])
     assert abs(claimed / r["claimed_gb_per_s"] - 1) < 6e-3
 nvlink3 = hardware.LINKS["nvlink3"]
 assert nvlink3.bytes_per_s == SEED_GPU.interconnect_bytes_per_s
@@ -161,21 +160,12 @@ allreduce_bench.third_party_table(ar_rows)
 
 # %%
 ab = {"alpha_s": seed_fit.alpha_s, "bytes_per_s": seed_fit.bytes_per_s}
-formula_rows = []
-for n in (2, 8, 64):
-    for m in (MIB, GIB):
-        right = C.collective_time_s("all_reduce", m, n, **ab)
-        ring = C.claimed_ring_all_reduce_s(m, n, **ab)
-        large = C.claimed_large_message_all_reduce_s(m, seed_fit.bytes_per_s)
-        assert math.isclose(right - ring, (n - 1) * seed_fit.alpha_s)  # half the steps missing
-        formula_rows.append([n, num(m / MIB), num(right * 1e3), num(ring * 1e3),
-                             f"{ring / right:.2f}", num(large * 1e3), f"{large / right:.2f}"])
-two_gib = C.collective_time_s("all_reduce", GIB, 2, **ab)
-assert abs(C.claimed_large_message_all_reduce_s(GIB, seed_fit.bytes_per_s) / two_gib - 2) < 0.02
-glue("small_64_ratio", C.claimed_ring_all_reduce_s(MIB, 64, **ab)
-     / C.collective_time_s("all_reduce", MIB, 64, **ab))
-Table(["ranks", "MiB", "2(n-1)α + 2(n-1)/n M/β (ms)", "seed: (n-1)α (ms)", "seed / right",
-       "seed: 2M/β (ms)", "seed / right"], formula_rows)
+two_gib = comms_cost.collective_time_s("all_reduce", GIB, 2, **ab)
+large_2gib = comms_cost.claimed_large_message_all_reduce_s(GIB, seed_fit.bytes_per_s)
+assert abs(large_2gib / two_gib - 2) < 0.02
+glue("small_64_ratio", comms_cost.claimed_ring_all_reduce_s(MIB, 64, **ab)
+     / comms_cost.collective_time_s("all_reduce", MIB, 64, **ab))
+allreduce_bench.third_party_formulas(seed_fit, ranks=(2, 8, 64), sizes=(MIB, GIB))
 
 # %% [markdown]
 # The ring takes $2(n-1)$ latency steps, $n-1$ for each half, not $n-1$: for a 1 MiB message over
@@ -192,60 +182,31 @@ Table(["ranks", "MiB", "2(n-1)α + 2(n-1)/n M/β (ms)", "seed: (n-1)α (ms)", "s
 # %%
 cfg = TransformerConfig.preset(PRESET)
 n_params = count_params(cfg)
-with torch.device("meta"):
-    xl_sizes = [p.numel() * 4 for p in Transformer(cfg).parameters()]  # fp32 gradients
+xl_sizes = ddp_step_seed.grad_bytes(PRESET)  # fp32 gradients, from the model on the meta device
 grad_bytes = sum(xl_sizes)
 assert n_params == third_party.CS336_STUDENT_DDP_PARAMS and grad_bytes == 4 * n_params
 assert abs(grad_bytes / MIB - third_party.CS336_STUDENT_DDP_CLAIMED_MB) < 0.01  # "MB" = MiB
-link_rows = []
-for key in LINK_KEYS:
-    link = hardware.LINKS[key]
-    on_link = {"alpha_s": seed_fit.alpha_s, "bytes_per_s": link.bytes_per_s}
-    link_rows.append([link.name, num(link.bytes_per_s / 1e9),
-                      num(C.all_reduces_s([grad_bytes], WORLD, **on_link) * 1e3),
-                      num(C.all_reduces_s(xl_sizes, WORLD, **on_link) * 1e3)])
 glue("q_params_b", n_params / 1e9)
 glue("q_grad_gb", grad_bytes / 1e9)
-glue("q_link_ms", C.collective_cost("all_reduce", grad_bytes, WORLD).bus_bytes
+glue("q_link_ms", comms_cost.collective_cost("all_reduce", grad_bytes, WORLD).bus_bytes
      / nvlink3.bytes_per_s * 1e3)
 glue("xl_tensors", len(xl_sizes))
-Table(["link (per direction)", "GB/s", "flat: one all-reduce (ms)",
-       f"naive: {len(xl_sizes)} all-reduces (ms)"], link_rows)
+ddp_step_seed.link_table(xl_sizes, LINK_KEYS, alpha_s=seed_fit.alpha_s, world=WORLD)
 
 # %% [markdown]
 # The seed's four DDP runs of this step, a third party's measurement ({glue:text}`ddp_source`),
-# beside what their own all-reduce table predicts (`ddp_step.third_party_rows`): naive, flat, and
-# the communication left after the backward when each 25 MiB bucket is all-reduced as soon as it is
-# ready (`accounting.comms.overlap_exposed_s`, gradients arriving at a steady rate over their
+# beside what their own all-reduce table predicts (`ddp_step_seed.third_party_rows`): naive, flat,
+# and the communication left after the backward when each 25 MiB bucket is all-reduced as soon as it
+# is ready (`accounting.buckets.overlap_exposed_s`, gradients arriving at a steady rate over their
 # backward):
 
 # %%
-xl_rows = ddp_step.third_party_rows()
-naive_run, flat_run = (r for r in xl_rows if r["mode_flag"] == "naive")
-overlap_run = xl_rows[0]
-assert abs(naive_run["predicted_naive_s"] / naive_run["communication_s"] - 1) < 0.05
-assert flat_run["mode_flag"] == "naive"  # the "flat" profile's command line asked for naive
-assert abs(flat_run["communication_s"] / naive_run["communication_s"] - 1) < 1e-3
-assert flat_run["predicted_flat_s"] < 0.8 * flat_run["communication_s"]
-assert overlap_run["communication_s"] < 0.5 * overlap_run["predicted_flat_s"]  # overlapped
-assert math.isclose(overlap_run["predicted_bucketed_s"], C.collective_time_s(  # the embedding's
-    "all_reduce", xl_sizes[0], WORLD, **ab))  # gradient, ready last: the tail
-assert overlap_run["backward_s"] > naive_run["backward_s"]
-for name, value in {
-        "ddp_source": third_party.SOURCE_CS336_STUDENT_DDP,
-        "xl_pred_naive_ms": naive_run["predicted_naive_s"] * 1e3,
-        "xl_naive_ms": naive_run["communication_s"] * 1e3,
-        "xl_naive_share": 100 * naive_run["communication_s"] / naive_run["step_s"],
-        "xl_pred_flat_ms": flat_run["predicted_flat_s"] * 1e3,
-        "xl_flat_ms": flat_run["communication_s"] * 1e3,
-        "xl_overlap_ms": overlap_run["communication_s"] * 1e3,
-        "xl_bwd_ms": overlap_run["backward_s"] * 1e3,
-        "xl_tail_ms": overlap_run["predicted_bucketed_s"] * 1e3,
-        "xl_hidden_ms": (naive_run["communication_s"] - overlap_run["communication_s"]) * 1e3,
-        "xl_slower_bwd_ms": (overlap_run["backward_s"] - naive_run["backward_s"]) * 1e3,
-        "xl_saved_ms": (naive_run["step_s"] - overlap_run["step_s"]) * 1e3}.items():
+xl_rows = ddp_step_seed.third_party_rows()
+overlap_run = xl_rows[0]  # a run whose mode was not printed: overlapped
+glue("ddp_source", third_party.SOURCE_CS336_STUDENT_DDP)
+for name, value in ddp_step_seed.third_party_numbers(xl_rows).items():  # each checked there
     glue(name, value)
-ddp_step.third_party_table(xl_rows)
+ddp_step_seed.third_party_table(xl_rows)
 
 # %% [markdown]
 # Their naive run spent {glue:text}`xl_naive_ms:.1f` ms communicating,
@@ -262,9 +223,9 @@ ddp_step.third_party_table(xl_rows)
 #
 # ### How large should a bucket be?
 #
-# Bucketing trades two costs (`accounting.comms.exposed_bounds_s`). The **tail**: the last bucket's
-# all-reduce cannot start before the backward ends, and it is longer for a larger bucket. The
-# **queue**: the all-reduces run one after another from the moment the first bucket is full, so
+# Bucketing trades two costs (`accounting.buckets.exposed_bounds_s`). The **tail**: the last
+# bucket's all-reduce cannot start before the backward ends, and it is longer for a larger bucket.
+# The **queue**: the all-reduces run one after another from the moment the first bucket is full, so
 # they end no earlier than first-ready + their total time, and small buckets pay α many times. The
 # exposed time is at least the larger of the two (equal to it for equal buckets). On the seed's
 # A100s their backward of {glue:text}`xl_bwd_ms:.0f` ms hides everything but the tail. The same step
@@ -278,21 +239,22 @@ bwd_fast = 2 * flops.transformer_flops(cfg, XL_BATCH, XL_SEQ).forward_matmul_flo
 caps = [c * MIB for c in BUCKET_CAPS_MIB]
 fast_model, pcie = ({"alpha_s": seed_fit.alpha_s, "bytes_per_s": hardware.LINKS[k].bytes_per_s}
                     for k in ("nvlink4", "pcie5"))
-sweep = {"seed: 2 A100s, fp32, their backward": C.bucket_sweep(
+sweep = {"seed: 2 A100s, fp32, their backward": buckets.bucket_sweep(
              ready, overlap_run["backward_s"], WORLD, caps_bytes=caps, **ab),
-         "2 H100s, bf16, backward at peak": C.bucket_sweep(
+         "2 H100s, bf16, backward at peak": buckets.bucket_sweep(
              fast_sizes, bwd_fast, WORLD, caps_bytes=caps, **fast_model)}
 assert all(p.exposed_s >= max(p.tail_s, p.queue_s) * (1 - 1e-9) for s in sweep.values() for p in s)
 fast_sweep = sweep["2 H100s, bf16, backward at peak"]
 best_s = min(p.exposed_s for p in fast_sweep)
 assert best_s < min(fast_sweep[0].exposed_s, fast_sweep[-1].exposed_s)  # neither extreme is best
 valley = [p.cap_bytes / MIB for p in fast_sweep if p.exposed_s <= 1.01 * best_s]
-assert 25 in valley and math.isclose(best_s, C.collective_time_s(  # the tail: the embedding
-    "all_reduce", fast_sizes[-1], WORLD, **fast_model))
-_, pcie_s = C.best_bucket_cap(fast_sizes, bwd_fast, WORLD, caps_bytes=caps, **pcie)
-assert pcie_s > C.all_reduces_s([sum(fast_sizes)], WORLD, **pcie) - bwd_fast  # the queue rules
+assert 25 in valley and math.isclose(best_s, comms_cost.collective_time_s(  # the tail: the
+    "all_reduce", fast_sizes[-1], WORLD, **fast_model))  # embedding's gradient
+_, pcie_s = buckets.best_bucket_cap(fast_sizes, bwd_fast, WORLD, caps_bytes=caps, **pcie)
+assert pcie_s > comms_cost.all_reduces_s([sum(fast_sizes)], WORLD, **pcie) - bwd_fast  # queue
+fast_comm = comms_cost.all_reduces_s([sum(fast_sizes)], WORLD, **fast_model)
 for name, value in {"bwd_fast_ms": bwd_fast * 1e3, "pcie_best_ms": pcie_s * 1e3,
-                    "fast_comm_ms": C.all_reduces_s([sum(fast_sizes)], WORLD, **fast_model) * 1e3,
+                    "fast_comm_ms": fast_comm * 1e3,
                     "valley": " to ".join(dict.fromkeys(num(c) for c in (valley[0], valley[-1]))),
                     "best_ms": best_s * 1e3}.items():
     glue(name, value)
@@ -302,7 +264,7 @@ Table(["cap MiB", "buckets", "tail ms", "queue ms", "exposed ms (H100s, bf16)"],
 
 # %% tags=["remove-input"]
 fig, ax = plotting.subplots(width=8.0, height=3.8)
-C.plot_bucket_sweeps(sweep, ax)
+plotting.plot_bucket_sweeps(sweep, ax)
 plt.show()
 
 # %% [markdown]
@@ -325,7 +287,7 @@ plt.show()
 # %%
 saved_k = {k: activations.saved_bytes(cfg, XL_BATCH // k, XL_SEQ).total_bytes
            for k in MICRO_BATCHES}
-sent_k = {(k, s): C.accumulation_sent_bytes(grad_bytes, WORLD, k, sync_each_micro_batch=s)
+sent_k = {(k, s): comms_cost.accumulation_sent_bytes(grad_bytes, WORLD, k, sync_each_micro_batch=s)
           for k in MICRO_BATCHES for s in (False, True)}
 assert len({sent_k[k, False] for k in MICRO_BATCHES}) == 1  # one all-reduce whatever K is
 assert saved_k[1] > 0.99 * MICRO_BATCHES[-1] * saved_k[MICRO_BATCHES[-1]]
@@ -346,14 +308,16 @@ Table(["micro-batches K", "sent per optimizer step, no_sync (GB)", "syncing each
 # (SDPA attention), which no stage shards:
 
 # %%
-seed_states = {s: Z.zero_memory_bytes(n_params, WORLD, s, "fp32_adamw") for s in Z.STAGES}
+seed_states = {s: zero_cost.zero_memory_bytes(n_params, WORLD, s, "fp32_adamw")
+               for s in zero_cost.STAGES}
 assert seed_states[0] - seed_states[1] == 4 * n_params  # half of AdamW's 8 B/param, per GPU
 glue("q_given_back_gb", (seed_states[0] - seed_states[1]) / 1e9)
 glue("seed_stage0_gb", seed_states[0] / 1e9)
 glue("zero_ranks", ZERO_RANKS)
 glue("xl_seq", XL_SEQ)
 acts = activations.saved_bytes(cfg, XL_BATCH, XL_SEQ, dtype="bf16", attention="sdpa")
-where = {s: Z.zero_memory_breakdown(n_params, ZERO_RANKS, s, RECIPE) for s in Z.STAGES}
+where = {s: zero_cost.zero_memory_breakdown(n_params, ZERO_RANKS, s, RECIPE)
+         for s in zero_cost.STAGES}
 assert math.isclose(sum(where[3].values()), 16 * n_params / ZERO_RANKS)
 for s in (0, 3):
     glue(f"zero8_s{s}_gb", (sum(where[s].values()) + acts.total_bytes) / 1e9)
@@ -362,13 +326,13 @@ Table(["stage", "2 GPUs, fp32 AdamW (GB)", *(f"{ZERO_RANKS} GPUs: {k} (GB)" for 
        "activations (GB)", f"{ZERO_RANKS} GPUs: total (GB)"],
       [[s, num(seed_states[s] / 1e9), *(num(v / 1e9) for v in where[s].values()),
         num(acts.total_bytes / 1e9), num((sum(where[s].values()) + acts.total_bytes) / 1e9)]
-       for s in Z.STAGES])
+       for s in zero_cost.STAGES])
 
 # %% tags=["remove-input"]
 fig, ax = plotting.subplots(width=7.0, height=3.6)
-plotting.stacked_bars(ax, [f"stage {s}" for s in Z.STAGES],
-                      {**{k: [where[s][k] / 1e9 for s in Z.STAGES] for k in where[0]},
-                       "activations": [acts.total_bytes / 1e9] * len(Z.STAGES)},
+plotting.stacked_bars(ax, [f"stage {s}" for s in zero_cost.STAGES],
+                      {**{k: [where[s][k] / 1e9 for s in zero_cost.STAGES] for k in where[0]},
+                       "activations": [acts.total_bytes / 1e9] * len(zero_cost.STAGES)},
                       ylabel="GB per GPU")
 plotting.finish(ax, title=f"xl on {ZERO_RANKS} GPUs, {RECIPE}, where the memory goes")
 plt.show()
@@ -384,9 +348,11 @@ plt.show()
 
 # %%
 model_bytes, optimizer_bytes = 4 * n_params, 8 * n_params  # fp32 gradients and AdamW moments
-right = {s: sum(Z.zero_sent_bytes(n_params, ZERO_RANKS, s).values()) for s in Z.STAGES}
-claim = {s: Z.claimed_zero_sent_bytes(s, model_bytes, ZERO_RANKS, n_layers=cfg.n_layers,
-                                      optimizer_bytes=optimizer_bytes) for s in Z.STAGES}
+right = {s: sum(zero_cost.zero_sent_bytes(n_params, ZERO_RANKS, s).values())
+         for s in zero_cost.STAGES}
+claim = {s: zero_cost.claimed_zero_sent_bytes(s, model_bytes, ZERO_RANKS, n_layers=cfg.n_layers,
+                                              optimizer_bytes=optimizer_bytes)
+         for s in zero_cost.STAGES}
 assert right[1] == right[2] == right[0] and math.isclose(right[3], 1.5 * right[0])
 assert claim[1] > 2 * right[0] and claim[2] < right[0] and claim[3] > 2 * right[3]
 glue("claim_s1", claim[1] / right[0])
@@ -395,7 +361,7 @@ glue("claim_s3", claim[3] / right[0])
 Table(["stage", "sent per GPU per step (GB)", "× data parallelism", "seed's formula (GB)",
        "seed / right"],
       [[s, num(right[s] / 1e9), f"{right[s] / right[0]:.2f}", num(claim[s] / 1e9),
-        f"{claim[s] / right[s]:.2f}"] for s in Z.STAGES])
+        f"{claim[s] / right[s]:.2f}"] for s in zero_cost.STAGES])
 
 # %% [markdown]
 # The seed's stage 1 all-reduces the gradients *and* gathers the optimizer state
@@ -418,7 +384,7 @@ Table(["stage", "sent per GPU per step (GB)", "× data parallelism", "seed's for
 
 # %%
 ring = launch.run(allreduce_bench.ring_check, RING_RANKS, args=(RING_NUMEL,), timeout_s=120)
-ring_pred = C.collective_cost("all_reduce", 4 * RING_NUMEL, RING_RANKS).sent_bytes
+ring_pred = comms_cost.collective_cost("all_reduce", 4 * RING_NUMEL, RING_RANKS).sent_bytes
 for out in ring:
     assert out["max_abs_diff"] < 1e-5 and out["ring_sent_bytes"] == ring_pred
     assert out["ring_calls"] == {"isend": 2 * (RING_RANKS - 1), "recv": 2 * (RING_RANKS - 1)}
@@ -462,9 +428,7 @@ for name, text in allreduce_bench.verdicts(ar_live).items():
 allreduce_bench.table(ar_live)
 
 # %% tags=["remove-input"]
-fig, axes = plotting.subplots(1, 2, width=11.0, height=4.0)
-allreduce_bench.plot(ar_live, axes)
-plt.show()
+kit.draw(allreduce_bench.plot, ar_live, ncols=2, width=11.0, height=4.0)
 
 # %% [markdown]
 # On this machine: {glue:text}`ar_live_fit`. Across rank counts: {glue:text}`ar_live_bandwidths`.
@@ -487,9 +451,7 @@ for key in ("world_size", "preset", "batch", "seq"):
 ddp_step.table(step_rows)
 
 # %% tags=["remove-input"]
-fig, ax = plotting.subplots(width=8.0, height=3.8)
-ddp_step.plot(step_rows, ax)
-plt.show()
+kit.draw(ddp_step.plot, step_rows, width=8.0, height=3.8)
 
 # %% [markdown]
 # The breakdown: {glue:text}`step_breakdown`. Flat against naive: {glue:text}`step_flat`. With
@@ -530,17 +492,11 @@ glue("gpu_sizes", " to ".join(num(m / MIB) for m in (gpu_ar.message_bytes[0],
 glue("gpu_ranks", ", ".join(str(w) for w in gpu_ar.world_sizes))
 glue("gpu_preset", gpu_step.preset)
 glue("gpu_world", gpu_step.world_size)
-shown = {"allreduce_bench": [allreduce_bench.table],
-         "ddp_step": [ddp_step.table, ddp_step.bucket_table, ddp_step.accumulation_table,
-                      ddp_step.zero_table]}
-for name, tables in shown.items():
-    runs = experiments.recorded(name)
-    print(f"{name}: {len(runs)} record(s)" if runs else experiments.no_record_text(name))
-    for record in runs:
-        print(experiments.provenance_line(record))
-        print(experiments.module(name).verdicts(record["results"]))
-        for table in tables:
-            display(table(record["results"]))
+experiments.show_recorded("allreduce_bench",
+                          show=lambda record: allreduce_bench.verdicts(record["results"]))
+experiments.show_recorded("ddp_step", tables=[ddp_step.table, ddp_step.bucket_table,
+                                              ddp_step.accumulation_table, ddp_step.zero_table],
+                          show=lambda record: ddp_step.verdicts(record["results"]))
 
 # %% [markdown]
 # ```{admonition} Takeaway
@@ -565,15 +521,16 @@ for name, tables in shown.items():
 
 # %% tags=["hide-cell"]
 dgx, n8 = hardware.get_cluster("dgx-h100"), ZERO_RANKS
-q1_mem = {s: Z.zero_memory_bytes(n_params, n8, s, RECIPE) for s in Z.STAGES}
-q1_sent = {s: sum(Z.zero_sent_bytes(n_params, n8, s, grad_dtype="bf16",
-                                    param_dtype="bf16").values()) for s in Z.STAGES}
-q1_t = {n: C.collective_cost("all_reduce", 2 * n_params, n).bus_bytes  # bf16 gradients
+q1_mem = {s: zero_cost.zero_memory_bytes(n_params, n8, s, RECIPE) for s in zero_cost.STAGES}
+q1_sent = {s: sum(zero_cost.zero_sent_bytes(n_params, n8, s, grad_dtype="bf16",
+                                    param_dtype="bf16").values()) for s in zero_cost.STAGES}
+q1_t = {n: comms_cost.collective_cost("all_reduce", 2 * n_params, n).bus_bytes  # bf16 gradients
         / dgx.ring_link(n).bytes_per_s for n in (dgx.per_node, 2 * dgx.per_node)}
-q1_max = {s: math.floor(FAST.hbm_bytes / Z.zero_memory_bytes(1, n8, s, RECIPE)) for s in Z.STAGES}
+q1_max = {s: math.floor(FAST.hbm_bytes / zero_cost.zero_memory_bytes(1, n8, s, RECIPE))
+          for s in zero_cost.STAGES}
 assert q1_max[3] == memory.max_trainable_params(n8, FAST.hbm_bytes, RECIPE)  # 16 B/param / n
 assert q1_t[16] > 8 * q1_t[8] and q1_sent[3] == 1.5 * q1_sent[0]
-for s in Z.STAGES:
+for s in zero_cost.STAGES:
     glue(f"q1_mem_{s}", q1_mem[s] / 1e9)
     glue(f"q1_sent_{s}", q1_sent[s] / 1e9)
     glue(f"q1_max_{s}", q1_max[s] / 1e9)
@@ -609,7 +566,7 @@ for n in (2, 6):
     glue(f"q2_claim_{n}", at_gib[n]["claimed_gb_per_s"])
     glue(f"q2_ms_{n}", at_gib[n]["mean_s"] * 1e3)
     glue(f"q2_algbw_{n}", at_gib[n]["algbw_bytes_per_s"] / 1e9)
-    glue(f"q2_factor_{n}", C.bus_factor("all_reduce", n))
+    glue(f"q2_factor_{n}", comms_cost.bus_factor("all_reduce", n))
 
 # %% [markdown]
 # ```{dropdown} Answer

@@ -46,12 +46,10 @@ print(env.describe())
 import math
 
 import matplotlib.pyplot as plt
-from IPython.display import display
 
-from mlsys import experiments, hardware, plotting
-from mlsys.accounting import comms, memory, planner
+from mlsys import experiments, hardware, plotting, tables
+from mlsys.accounting import comms, memory, parallel, parallel_traffic, planner
 from mlsys.accounting import compute_bound as CB
-from mlsys.accounting import parallel as P
 from mlsys.accounting.flops import transformer_flops
 from mlsys.accounting.pipeline import bubble_fraction
 from mlsys.book import Table, glue, num
@@ -61,7 +59,7 @@ from mlsys.models.config import TransformerConfig
 
 # %% tags=["parameters"]
 # Napkin math (nothing measured): the seed's XXL problem on TPU v5p, and H100s for part (a)
-XXL, TPU, GPU = P.XXL, hardware.TPU_V5P, hardware.H100_SXM
+XXL, TPU, GPU = parallel.XXL, hardware.TPU_V5P, hardware.H100_SXM
 LINK = hardware.LINKS["ici-v5p-axis"]  # W_ici: one mesh axis, both directions
 X_FSDP, Y_TP, M_X, M_Y = 16, 4, 2, 1
 TOKENS_PER_DEVICE = (0, 512, 1_024, 2_048, 4_096, 8_192)  # part (b): the seed gives no batch
@@ -96,7 +94,7 @@ print(PARALLEL)
 # %%
 n_xxl = XXL.n_params
 states = memory.model_state_bytes(n_xxl, "fp32_adamw")  # fp32 weights, grads, m, v: 16 B/param
-shape = P.model_shape(XXL, dtype="bf16")
+shape = parallel.model_shape(XXL, dtype="bf16")
 per_token = XXL.n_layers * (shape.act_tp_bytes + shape.act_other_bytes + shape.act_norm_bytes)
 assert per_token == XXL.n_layers * 2 * (XXL.d_model + XXL.d_ff)  # each block keeps x and Wx
 h100s = math.ceil(states / GPU.hbm_bytes)
@@ -131,7 +129,7 @@ glue("tpu_gb", TPU.hbm_bytes / 1e9)
 fit_rows, last_fit = [], None
 for t in TOKENS_PER_DEVICE:
     try:
-        n = P.min_shards_to_fit(TPU.hbm_bytes, states, per_token * t,
+        n = parallel.min_shards_to_fit(TPU.hbm_bytes, states, per_token * t,
                                 activation_shard_fraction=0.5)
         m = states / n + per_token * t * (0.5 + 0.5 / n)
         assert m <= TPU.hbm_bytes < states / (n - 1) + per_token * t * (0.5 + 0.5 / (n - 1))
@@ -229,8 +227,8 @@ Table(["option", "tokens per device >", "value", "global batch (64 chips)"], opt
 # ## The strategies
 #
 # What each strategy splits and sends, per device and step, for the book's `2.7B` preset at 4,096
-# tokens on 8 devices (`accounting.parallel.sent_bytes`, what `mlsys.distributed` does, call for
-# call):
+# tokens on 8 devices (`accounting.parallel_traffic.sent_bytes`, what `mlsys.distributed` does,
+# call for call):
 
 # %%
 cfg27 = TransformerConfig.preset(PLAN_PRESET, context_length=PLAN_SEQ)
@@ -238,9 +236,9 @@ strategy_rows = []
 for name, (degrees, m) in {"DP (ZeRO-3 / FSDP)": (dict(dp_shard=8), 1), "TP": (dict(tp=8), 1),
                            "PP (8 micro-batches)": (dict(pp=8), 8), "CP": (dict(cp=8), 1),
                            "FSDP 2 x TP 4": (dict(dp_shard=2, tp=4), 1)}.items():
-    dims = P.ParallelDims(**degrees, world_size=8)
-    sent = P.sent_bytes(cfg27, dims, 0, batch=8, seq=PLAN_SEQ, microbatches=m)
-    mem = P.device_memory(cfg27, dims, micro_batch=8 // (dims.dp * m), seq=PLAN_SEQ,
+    dims = parallel.ParallelDims(**degrees, world_size=8)
+    sent = parallel_traffic.sent_bytes(cfg27, dims, 0, batch=8, seq=PLAN_SEQ, microbatches=m)
+    mem = parallel.device_memory(cfg27, dims, micro_batch=8 // (dims.dp * m), seq=PLAN_SEQ,
                           microbatches=m)
     strategy_rows.append([name, num(mem.states / 1e9), num(mem.activations / 1e9),
                           ", ".join(f"{k} {num(v / 1e9)}" for k, v in sent.items() if v)])
@@ -343,11 +341,11 @@ Table(["dp_replicate", "dp_shard", "tp", "pp", "cp", "m", "GB per device", "fits
 
 # %% tags=["remove-input"]
 fig, axes = plotting.subplots(1, 2, width=11.0, height=4.0)
-planner.plot_plans(plans, axes[0])
+plotting.plot_plans(plans, axes[0])
 axes[0].set_title(f"{PLAN_PRESET}: every mesh of {PLAN_DEVICES} H100s", fontsize=9)
-planner.plot_compute_bound(XXL.d_model, XXL.d_ff, X_FSDP * Y_TP, flop_per_s=C,
-                           link_bytes_per_s=W, m_x=M_X, m_y=M_Y, fixed_xy=(X_FSDP, Y_TP),
-                           ax=axes[1])
+plotting.plot_compute_bound(XXL.d_model, XXL.d_ff, X_FSDP * Y_TP, flop_per_s=C,
+                            link_bytes_per_s=W, m_x=M_X, m_y=M_Y, fixed_xy=(X_FSDP, Y_TP),
+                            ax=axes[1])
 axes[1].set_title("XXL on TPU v5p: compute / communication", fontsize=9)
 plt.show()
 
@@ -381,14 +379,14 @@ assert all(choices[(b, s)] is None for b in MAP_BATCHES for s in MAP_SEQS if s >
 glue("map_devices", MAP_DEVICES)
 glue("map_short", f"{short:,}")
 glue("map_fsdp_from", fsdp_from)
-glue("map_one", planner.mesh_text(choices[(min(MAP_BATCHES), short)].dims))
+glue("map_one", tables.mesh_text(choices[(min(MAP_BATCHES), short)].dims))
 glue("map_long", f"{max(fitting):,}")
-glue("map_long_mesh", planner.mesh_text(choices[(max(MAP_BATCHES), max(fitting))].dims))
+glue("map_long_mesh", tables.mesh_text(choices[(max(MAP_BATCHES), max(fitting))].dims))
 glue("map_none", f"{min(s for s in MAP_SEQS if s > max(fitting)):,}")
 
 # %% tags=["remove-input"]
 fig, ax = plotting.subplots(width=10.0, height=4.0)
-planner.plot_first_choices(choices, ax)
+plotting.plot_first_choices(choices, ax)
 ax.set_title(f"{PLAN_PRESET} on {MAP_DEVICES} H100s: the planner's first choice", fontsize=9)
 plt.show()
 
@@ -437,12 +435,7 @@ parallel_step.planner_table(par_rows)
 # its record runs the ranks on that machine's CPU cores and says so in every row:
 
 # %%
-runs = experiments.recorded("parallel_step")
-print(f"parallel_step: {len(runs)} record(s)" if runs else
-      experiments.no_record_text("parallel_step"))
-for record in runs:
-    print(experiments.provenance_line(record))
-    display(parallel_step.table(record["results"]))
+experiments.show_recorded("parallel_step")
 
 # %% [markdown]
 # ```{admonition} Takeaway
@@ -464,8 +457,8 @@ for record in runs:
 # nodes (`accounting.comms`).
 
 # %% tags=["hide-cell"]
-q1_a = P.min_shards_to_fit(GPU.hbm_bytes, states)
-q1_b = P.min_shards_to_fit(GPU.hbm_bytes, states, per_token * 2_048,
+q1_a = parallel.min_shards_to_fit(GPU.hbm_bytes, states)
+q1_b = parallel.min_shards_to_fit(GPU.hbm_bytes, states, per_token * 2_048,
                            activation_shard_fraction=0.5)
 block_bytes = 2 * XXL.d_model * XXL.d_ff * 2  # one block's weights in bf16
 node = hardware.get_cluster("dgx-h100")
@@ -490,8 +483,9 @@ for name, value in {"q1_a": q1_a, "q1_b": q1_b, "q1_nv_ms": t_nvlink * 1e3,
 # 1/8 the size each." Why does this not shrink what matters?
 
 # %% tags=["hide-cell"]
-fsdp8 = P.ParallelDims(dp_shard=8, world_size=8)
-gathers = {m: P.sent_bytes(cfg27, fsdp8, 0, batch=64, seq=PLAN_SEQ, microbatches=m)["all_gather"]
+fsdp8 = parallel.ParallelDims(dp_shard=8, world_size=8)
+gathers = {m: parallel_traffic.sent_bytes(cfg27, fsdp8, 0, batch=64, seq=PLAN_SEQ,
+                                          microbatches=m)["all_gather"]
            for m in (1, 8)}
 assert gathers[8] > 4 * gathers[1]  # ZeRO-3 gathers the weights again for every micro-batch
 glue("q2_gather_ratio", gathers[8] / gathers[1])

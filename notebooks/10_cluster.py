@@ -52,7 +52,7 @@ import torch
 from IPython.display import display
 
 from mlsys import experiments, plotting
-from mlsys.accounting import resilience as R
+from mlsys.accounting import resilience
 from mlsys.book import glue
 from mlsys.distributed import launch
 from mlsys.experiments import cluster_train
@@ -91,9 +91,9 @@ STEP_S, STEP_SPREAD = 10.0, 0.02  # a 10 s step; compute varies 2% by rank
 # saves each rank's shards in parallel and loads them under any other mesh. The book's entry point
 # `python -m mlsys.train` composes exactly these, in torchtitan's order {cite}`liang2024torchtitan`
 # (pipeline stage, then TP, then FSDP), around the book's model and the chapter-07 precision
-# recipes. Every mesh it accepts trains like one process: `tests/test_train.py` compares the loss,
-# the global gradient norm and the final weights of FSDP, HSDP, TP, TP with sequence parallelism,
-# PP and a 2 × 2 mesh on two "nodes" with a single process, to a relative 1e-4.
+# recipes. Every mesh it accepts trains like one process: `tests/train/test_main.py` compares the
+# loss, the global gradient norm and the final weights of FSDP, HSDP, TP, TP with sequence
+# parallelism, PP and a 2 × 2 mesh on two "nodes" with a single process, to a relative 1e-4.
 #
 # ## The same run in a notebook cell
 #
@@ -180,7 +180,7 @@ print(f"largest difference of any weight, 2 ranks vs 2 -> 1 rank: {gap:.1e}")
 # (largest difference of any weight):
 # only the order of the floating-point sums differs (one rank sums its gradient in one piece, two
 # ranks reduce-scatter halves). The sampler's position is saved too, so the resumed run sees the
-# same batches; `tests/test_train_checkpoint.py` also reshards FSDP onto tensor parallelism, and
+# same batches; `tests/train/test_checkpoint.py` also reshards FSDP onto tensor parallelism, and
 # refuses a checkpoint of another model by naming the keys and shapes that differ.
 #
 # ## A rank killed mid-run
@@ -242,12 +242,7 @@ display(cluster_train.table(live))
 # the `xl` preset in bf16 (the 8-GPU one where the machine has 8 GPUs; a skipped row says so):
 
 # %% tags=["hide-input"]
-records = experiments.recorded("cluster_train")
-print(f"cluster_train: {len(records)} record(s)" if records else
-      experiments.no_record_text("cluster_train"))
-for record in records:
-    print(experiments.provenance_line(record))
-    display(cluster_train.table(record["results"]))
+experiments.show_recorded("cluster_train")
 
 # %% [markdown]
 # ## What changes at scale
@@ -269,21 +264,21 @@ for record in records:
 # run, against {glue:text}`hourly_pct:.1f`% when saving once an hour.
 
 # %%
-ckpt_s = R.checkpoint_seconds(N_70B, "bf16_mixed_adamw", STORAGE_BYTES_PER_S)
+ckpt_s = resilience.checkpoint_seconds(N_70B, "bf16_mixed_adamw", STORAGE_BYTES_PER_S)
 rate = LLAMA3_FAILURES / (LLAMA3_DAYS * 24 * LLAMA3_GPUS)
-mtbf = R.job_mtbf_s(LLAMA3_GPUS, rate)
-young = R.young_interval_s(ckpt_s, mtbf)
+mtbf = resilience.job_mtbf_s(LLAMA3_GPUS, rate)
+young = resilience.young_interval_s(ckpt_s, mtbf)
 for name, value in {
-        "ckpt_tb": N_70B * R.checkpoint_bytes_per_param("bf16_mixed_adamw") / 1e12,
+        "ckpt_tb": N_70B * resilience.checkpoint_bytes_per_param("bf16_mixed_adamw") / 1e12,
         "storage_gbs": STORAGE_BYTES_PER_S / 1e9, "ckpt_s": ckpt_s,
         "llama_failures": LLAMA3_FAILURES, "llama_days": LLAMA3_DAYS,
         "llama_gpus": f"{LLAMA3_GPUS:,}", "rate_per_gpu_hour": f"{rate:.1e}",
         "mtbf_h": mtbf / 3600, "young_min": young / 60,
-        "daly_min": R.daly_interval_s(ckpt_s, mtbf) / 60,
-        "lost_pct": 100 * R.lost_fraction(young, ckpt_s, mtbf),
-        "hourly_pct": 100 * R.lost_fraction(3600, ckpt_s, mtbf)}.items():
+        "daly_min": resilience.daly_interval_s(ckpt_s, mtbf) / 60,
+        "lost_pct": 100 * resilience.lost_fraction(young, ckpt_s, mtbf),
+        "hourly_pct": 100 * resilience.lost_fraction(3600, ckpt_s, mtbf)}.items():
     glue(name, value)
-assert R.lost_fraction(young, ckpt_s, mtbf) < R.lost_fraction(3600, ckpt_s, mtbf)
+assert resilience.lost_fraction(young, ckpt_s, mtbf) < resilience.lost_fraction(3600, ckpt_s, mtbf)
 
 # %% [markdown]
 # **Stragglers.** A synchronous step ends when its slowest rank does. If each rank's compute
@@ -299,8 +294,8 @@ assert R.lost_fraction(young, ckpt_s, mtbf) < R.lost_fraction(3600, ckpt_s, mtbf
 # %% tags=["remove-cell"]
 glue("spread_pct", 100 * STEP_SPREAD)
 glue("step_s", STEP_S)
-glue("strag_8", R.straggler_step_s(STEP_S, STEP_SPREAD * STEP_S, 8))
-glue("strag_big", R.straggler_step_s(STEP_S, STEP_SPREAD * STEP_S, LLAMA3_GPUS))
+glue("strag_8", resilience.straggler_step_s(STEP_S, STEP_SPREAD * STEP_S, 8))
+glue("strag_big", resilience.straggler_step_s(STEP_S, STEP_SPREAD * STEP_S, LLAMA3_GPUS))
 
 # %% [markdown]
 # ```{admonition} Takeaway
@@ -319,11 +314,11 @@ glue("strag_big", R.straggler_step_s(STEP_S, STEP_SPREAD * STEP_S, LLAMA3_GPUS))
 # is Young's interval, and what share of the run is lost at it?
 
 # %% tags=["hide-cell"]
-q1_s = R.checkpoint_seconds(405e9, "bf16_mixed_adamw", 1e12)
-q1_tau = R.young_interval_s(q1_s, mtbf)
+q1_s = resilience.checkpoint_seconds(405e9, "bf16_mixed_adamw", 1e12)
+q1_tau = resilience.young_interval_s(q1_s, mtbf)
 glue("q1_s", q1_s)
 glue("q1_min", q1_tau / 60)
-glue("q1_pct", 100 * R.lost_fraction(q1_tau, q1_s, mtbf))
+glue("q1_pct", 100 * resilience.lost_fraction(q1_tau, q1_s, mtbf))
 
 # %% [markdown]
 # ```{dropdown} Answer

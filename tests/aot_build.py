@@ -1,5 +1,5 @@
 """The background compile of every kept kernel tile, shared by tests/conftest.py (which starts it
-when collection ends) and tests/test_compile_report.py (which reads it, last)."""
+when collection ends) and tests/kernels/test_compile_report.py (which reads it, last)."""
 
 import os
 import subprocess

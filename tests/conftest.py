@@ -1,9 +1,10 @@
 """Test-session settings: the smoke profile, a non-interactive matplotlib backend, and the
 ahead-of-time compile of every kept kernel tile started in the background.
 
-The compile check (`tests/test_compile_report.py`, marked `aot_compile`) compiles every tile the
-kernels keep for sm_80 and sm_90: minutes of work in worker processes. It starts when collection
-ends, beside the other tests (which run on one core), and its test runs last, reading the result.
+The compile check (`tests/kernels/test_compile_report.py`, marked `aot_compile`) compiles every
+tile the kernels keep for sm_80 and sm_90: minutes of work in worker processes. It starts when
+collection ends, beside the other tests (which run on one core), and its test runs last, reading
+the result.
 """
 
 import os

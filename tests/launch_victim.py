@@ -1,4 +1,4 @@
-"""A launching process for tests/test_launch_orphans.py, to be killed or timed from outside.
+"""A launching process for tests/distributed/test_launch_*.py, killed or timed from outside.
 
     python tests/launch_victim.py LAUNCHER [SLEEP_S] [--other-children]
     python tests/launch_victim.py cold-start TIMEOUT_S
@@ -51,12 +51,13 @@ def cold_start(timeout_s):
     import torch.distributed  # noqa: F401  (the launching process's own import is not timed)
 
     from mlsys.distributed import launch
+    from mlsys.distributed.launch_job import RankFailed
 
     start = time.monotonic()
     try:
         launch.start(2, timeout_s=timeout_s).close()
         print("started", flush=True)
-    except launch.RankFailed as error:
+    except RankFailed as error:
         print(f"raised {time.monotonic() - start:.3f} {str(error).splitlines()[0]}", flush=True)
     for thread in threading.enumerate():
         if thread.name == "mlsys-launch-start":

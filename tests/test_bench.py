@@ -137,7 +137,7 @@ def _alternating(a, b):
 def _sentence(durations_of_op):
     """The chain a chapter runs: interleaved copy probe and op, noise and roof checks, then a
     verdict."""
-    from mlsys import book, roofline
+    from mlsys import book, roofline, tables
 
     clock = FakeClock()
     copy_bytes, op_bytes = 1e10, 1e10  # both move 10 GB per call
@@ -152,7 +152,7 @@ def _sentence(durations_of_op):
                                                       clock=clock, device="cpu")
     roof = roofline.Ceilings(1e12, copy_bytes / timings["copy"].median_s, "fake")
     est = roofline.estimate(0.0, op_bytes, roof)
-    position = roofline.position(timings["x * 2"].median_s, est)
+    position = tables.roofline_position(timings["x * 2"].median_s, est)
     text = book.verdict(f"x * 2 is {position}", consistency.problems)
     return text, consistency
 

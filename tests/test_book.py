@@ -66,6 +66,18 @@ def test_chapters_follow_the_skeleton():
             assert marker in text, f"{chapter.name} lacks {marker!r}"
 
 
+MAX_CHAPTER_LINES = 600
+
+
+def test_every_chapter_reads_in_one_sitting():
+    """At most `MAX_CHAPTER_LINES` lines (prose and code): what grows beyond moves into the
+    library as a named function the chapter calls."""
+    long = {chapter.name: len(chapter.read_text().splitlines())
+            for chapter in (ROOT / "notebooks").glob("[0-9][0-9]_*.py")}
+    assert {name: n for name, n in long.items() if n > MAX_CHAPTER_LINES} == {}
+    assert len(long) >= 10
+
+
 def test_glue_returns_its_value_and_checks_the_name():
     assert book.glue("some_value", 42) == 42
     with pytest.raises(ValueError, match="identifier"):
@@ -112,7 +124,7 @@ def test_no_page_defines_its_own_helpers():
 
 
 def test_glue_works_in_a_plain_script():
-    """Chapters run as scripts (no notebook kernel, tests/test_no_triton.py): glue must neither
+    """Chapters run as scripts (no notebook kernel, tests/kernels/test_triton.py): glue must neither
     fail nor print there."""
     code = "from mlsys.book import glue; assert glue('x', 1.5) == 1.5; assert glue('y', 'z') == 'z'"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -50,6 +50,15 @@ def test_device_is_known():
     assert env.device() in ("cuda", "mps", "cpu")
 
 
+def test_cuda_capability_is_read_from_the_device_or_refused():
+    if env.device() == "cuda":
+        major, minor = env.cuda_capability().split(".")
+        assert int(major) >= 7 and minor.isdigit()
+    else:
+        with pytest.raises(ValueError, match="no CUDA device"):
+            env.cuda_capability()
+
+
 @pytest.mark.skipif(not env.has_triton(), reason="triton is not installed (it is Linux-only)")
 def test_setup_triton_switches_on_the_interpreter_without_gpu(monkeypatch):
     if env.device() == "cuda":

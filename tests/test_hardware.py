@@ -1,3 +1,6 @@
+"""mlsys.hardware: the accelerators' specs, links and clusters, the device-name match, and
+the argument checks."""
+
 import dataclasses
 import math
 
@@ -89,6 +92,8 @@ INVALID_CALLS = [  # (call, error, message fragment)
     (lambda: hardware.A100_80GB_SXM.peak_flop_per_s("fp8"), ValueError, "A100.*fp8"),
     (lambda: hardware.H100_SXM.ridge_intensity("int4"), ValueError, "no dense peak"),
     (lambda: hardware.TPU_V5P.sparse_flop_per_s("bf16"), ValueError, "NVIDIA"),
+    (lambda: hardware.get_cluster("dgx-v100"), ValueError, "cluster='dgx-v100'"),
+    (lambda: hardware.get_cluster("tpu-v5p").ring_link(10_000), ValueError, "does not fit"),
 ]
 
 

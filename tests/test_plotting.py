@@ -1,7 +1,12 @@
+"""mlsys.plotting: the house style, the generic helpers, and the figures of the cost models."""
+
 import matplotlib.pyplot as plt
 import pytest
 
-from mlsys import plotting
+from mlsys import hardware, plotting, tables
+from mlsys.accounting import memory, parallel, planner
+from mlsys.accounting.op_costs import op_costs
+from mlsys.models.config import TransformerConfig
 
 
 def test_subplots_applies_the_house_style():
@@ -57,3 +62,76 @@ def test_roofline_draws_through_the_ridge():
             plotting.roofline(ax, roof, lo=3, hi=3)
     finally:
         plt.close(fig)
+
+
+# --- the chapters' cost-model figures -------------------------------------------------------------
+
+
+def test_model_states_draw_a_line_per_recipe_the_presets_and_the_ceilings():
+    presets = {"debug": 10**6, "xl": 2 * 10**9}
+    h100 = hardware.H100_SXM
+    ax = plotting.plot_model_states(presets, accelerator=h100, n_devices=8)
+    try:
+        recipes = list(memory.RECIPES.values())
+        lines = ax.get_lines()
+        assert len(lines) == len(recipes) + len(presets) + 4  # + two ceilings, two limits
+        for line, r in zip(lines, recipes, strict=False):
+            xs, ys = line.get_data()
+            assert line.get_label() == r.name and ys[-1] == pytest.approx(xs[-1] * r.bytes_per_param
+                                                                          / 1e9)
+        dashed = [line.get_label() for line in lines[:len(recipes)]
+                  if line.get_linestyle() != "-"]  # the same bytes/param as an earlier recipe
+        assert dashed == ["bf16_mixed_adamw", "fp32_sgd"]
+        assert lines[len(recipes)].get_ydata()[0] == pytest.approx(16 * 10**6 / 1e9)  # 16 B/param
+        assert [t.get_text() for t in ax.texts] == ["debug", "xl", "5B", "40B"]
+        legend = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert legend[-3:] == ["presets (16 B/param)", "1 x H100 SXM (80 GB)",
+                               "8 x H100 SXM (640 GB)"]
+        assert ax.get_title(loc="left") == "Model states versus model size"
+        assert (ax.get_xscale(), ax.get_yscale()) == ("log", "log")
+    finally:
+        plt.close(ax.figure)
+
+
+def test_op_roofline_puts_each_op_on_the_spec_roof():
+    ops = op_costs("bf16")[:len(plotting.MARKERS)]  # one marker shape each
+    h100 = hardware.H100_SXM
+    ax = plotting.plot_op_roofline(ops, accelerator=h100, dtype="bf16")
+    try:
+        roof, ridge, *points = ax.get_lines()
+        assert len(points) == len(ops) and roof.get_label() == "H100 SXM roof, bf16 (spec)"
+        assert ridge.get_xdata()[0] == pytest.approx(h100.ridge_intensity("bf16"))
+        for line, op in zip(points, ops, strict=True):
+            assert line.get_label() == op.name
+            expected = min(h100.peak_flop_per_s("bf16"), op.intensity * h100.hbm_bytes_per_s)
+            assert line.get_ydata()[0] == pytest.approx(expected)
+        assert len({(line.get_color(), line.get_marker()) for line in points}) == len(ops)
+        assert ax.get_title(loc="left") == "Napkin roofline: operations on an H100 SXM (bf16)"
+        assert ax.get_xlabel() == "arithmetic intensity (FLOP/byte)"
+        assert len(ax.get_legend().get_texts()) == len(ops) + 1
+    finally:
+        plt.close(ax.figure)
+
+
+# --- the planner's figures ------------------------------------------------------------------------
+
+
+SMALL = TransformerConfig.preset("small")  # 12 heads, d_ff 3,072
+KW = {"n_devices": 16, "batch": 64, "seq": 1024}
+
+
+@pytest.fixture(scope="module")
+def plans():
+    return planner.plan(SMALL, "dgx-h100", **KW)
+
+
+def test_table_and_figures(plans):
+    lines = tables.plan_table(plans, top=3)
+    assert len(lines) == 4 and "limited by" in lines[0]
+    ax = plotting.plot_plans(plans)
+    assert ax.collections and ax.get_xlabel() == "predicted step time (s)"
+    ax = plotting.plot_compute_bound(parallel.XXL.d_model, parallel.XXL.d_ff, 64,
+                                    flop_per_s=hardware.TPU_V5P.peak_flop_per_s("bf16"),
+                                    link_bytes_per_s=hardware.LINKS["ici-v5p-axis"].bytes_per_s,
+                                    m_x=2, fixed_xy=(16, 4))
+    assert len(ax.lines) == 5  # FSDP, TP, optimal mix, X = 16 x Y = 4, and the line at 1

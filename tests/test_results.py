@@ -2,14 +2,14 @@ import json
 
 import pytest
 
-from mlsys import bench, results
+from mlsys import results
 
 
 def _record():
     """A smoke record of this machine."""
     return {
         "experiment": "copy_bandwidth",
-        "provenance": {**bench.provenance(), "profile": "smoke"},
+        "provenance": {**results.provenance(), "profile": "smoke"},
         "results": [{"n_bytes": 1024, "median_s": 1e-6}],
     }
 
@@ -127,6 +127,15 @@ def test_loading_skips_records_that_are_not_full_size_gpu_runs(tmp_path, monkeyp
     assert [r["provenance"]["device"] for r in loaded] == ["NVIDIA H100 80GB HBM3"]
 
 
+def test_provenance_says_what_produced_a_measurement(tmp_path):
+    record = results.provenance()
+    assert set(results.REQUIRED_PROVENANCE) <= set(record)
+    assert all(isinstance(record[k], str) and record[k] for k in results.REQUIRED_PROVENANCE)
+    commit = results.git_commit()
+    assert commit == "unknown" or len(commit.removesuffix("+dirty")) == 12
+    assert results.git_commit(tmp_path) == "unknown"  # not a checkout
+
+
 def test_device_slug():
     assert results.device_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
     with pytest.raises(ValueError, match="device_name"):
@@ -141,7 +150,7 @@ def test_device_slug():
          "experiment='Copy' must be lower-case"),
         (lambda: results.device_slug(None), TypeError, "device_name must be a string"),
         (lambda: results.device_slug("  "), ValueError, "has no letters or digits"),
-        (lambda: results.write_record(3, [{"a": 1}], bench.provenance()), ValueError,
+        (lambda: results.write_record(3, [{"a": 1}], results.provenance()), ValueError,
          "experiment=3 must be lower-case"),
         (lambda: results.write_record("x", [{"a": 1}], [("device", "cpu")]), ValueError,
          "provenance must be a JSON object"),
@@ -166,7 +175,8 @@ NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 def reading_problems(names, chapters):
     """Why experiments `names` are not shown by a chapter: `chapters` maps a stem to its source.
 
-    A chapter reads experiment X when it calls `experiments.recorded(...)` and names "X" (directly
+    A chapter reads experiment X when it calls `experiments.recorded(...)` (or
+    `experiments.show_recorded(...)`, which calls it) and names "X" (directly
     or in the tuple it loops over). Returns one sentence per problem; [] when every record is read.
     """
     problems = []
@@ -178,7 +188,9 @@ def reading_problems(names, chapters):
         source = chapters.get(chapter)
         if source is None:
             problems.append(f"{name}: its chapter {chapter} does not exist")
-        elif "experiments.recorded(" not in source or f'"{name}"' not in source:
+        elif not any(call in source for call in ("experiments.recorded(",
+                                                  "experiments.show_recorded(")) \
+                or f'"{name}"' not in source:
             problems.append(f"{name}: chapter {chapter} never shows its recorded runs")
     return problems
 
@@ -203,7 +215,8 @@ def test_the_reading_check_can_fail():
     name = experiments.NAMES[0]
     chapter = experiments.get(name).chapter
     blind = {**chapters,
-             chapter: chapters[chapter].replace("experiments.recorded(", "experiments.x(")}
+             chapter: chapters[chapter].replace("experiments.recorded(", "experiments.x(")
+                                       .replace("experiments.show_recorded(", "experiments.x(")}
     assert reading_problems([name], blind) == [
         f"{name}: chapter {chapter} never shows its recorded runs"]
     assert reading_problems([name], {}) == [f"{name}: its chapter {chapter} does not exist"]

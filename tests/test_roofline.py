@@ -1,3 +1,6 @@
+"""mlsys.roofline: the ceilings, the estimate, the overhead model, and the check that
+nothing measured beats the roof."""
+
 import pytest
 
 from mlsys import hardware, roofline
@@ -54,28 +57,3 @@ def test_roof_problems_flags_only_what_beats_the_roof():
     assert len(problems) == 1
     assert problems[0].startswith("too fast ran 2.00x faster than the memory-bound roof")
     assert roofline.roof_problems(points[:1], roof, tolerance=1.0) == []
-
-
-def test_position_words_follow_the_ratio():
-    est = roofline.estimate(0.0, 1e10, Ceilings(1e12, 1e10, "toy"))  # 1 s, memory-bound
-    assert roofline.position(1.1, est) == "at the memory roof (1.10x the predicted time)"
-    assert roofline.position(3.2, est) == "3.2x slower than the memory roof predicts"
-    assert roofline.position(0.5, est) == "2.00x faster than the memory roof allows"
-
-
-def test_the_ridge_table_is_peak_over_bandwidth_for_every_device_and_dtype():
-    accs = list(hardware.ACCELERATORS.values())
-    header, rows = roofline.ridge_table(accs, ("fp32", "bf16", "fp8"))
-    assert header == ["device", "HBM TB/s", "ridge fp32 (FLOP/B)", "ridge bf16 (FLOP/B)",
-                      "ridge fp8 (FLOP/B)"]
-    for acc, row in zip(accs, rows, strict=True):
-        assert row[0] == acc.name and len(row) == len(header)
-        for dt, cell in zip(("fp32", "bf16", "fp8"), row[2:], strict=True):
-            if dt in acc.dense_flop_per_s:
-                ridge = acc.peak_flop_per_s(dt) / acc.hbm_bytes_per_s
-                assert cell == f"{ridge:,.0f}"
-            else:
-                assert cell == "-"
-    assert any("-" in row for row in rows)  # a device without fp8 (the A100)
-    header, rows = roofline.ridge_table(accs[:1], ("bf16",), peaks=True)
-    assert header[2:] == ["bf16 TFLOP/s", "ridge bf16"] and len(rows[0]) == 4

@@ -4,11 +4,11 @@ under every precision policy holding exactly its recipe's bytes."""
 import pytest
 import torch
 
-from mlsys import memory_timeline
 from mlsys.accounting.memory import model_state_breakdown, model_state_bytes
 from mlsys.accounting.params import count_params
-from mlsys.loss_scaling import DynamicLossScaler
 from mlsys.models.transformer import Transformer, TransformerConfig
+from mlsys.numerics.loss_scaling import DynamicLossScaler
+from mlsys.profiling import memory_meter
 from mlsys.training import (
     POLICIES,
     make_policy_step,
@@ -143,7 +143,7 @@ def test_every_policy_holds_exactly_its_recipe_bytes_in_the_allocator(chosen):
     """The allocator (CPU profiler events) after one step holds the recipe's model states plus the
     buffers and AdamW's scalar step counters: nothing more, nothing less."""
     tokens = _tiny_tokens()
-    meter = memory_timeline.meter("cpu")
+    meter = memory_meter.meter("cpu")
     with meter.recording():
         with meter.phase("build"):
             model = Transformer(TINY)

@@ -24,7 +24,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from mlsys import checks, dtypes, hardware
+from mlsys import checks, dtypes, hardware, tables
 from mlsys.accounting import memory, planner
 from mlsys.accounting.napkin import napkin
 from mlsys.accounting.params import count_params
@@ -197,19 +197,19 @@ def _plan(args: argparse.Namespace) -> list[str]:
         f"{len(plans)} valid meshes, {fit} fit in {acc.hbm_bytes / 1e9:g} GB; compute at "
         f"{args.efficiency:.0%} of the {args.dtype} peak, communication by bandwidth only: "
         "times are lower bounds",
-        *planner.table(plans, top=args.top),
+        *tables.plan_table(plans, top=args.top),
         *drawn,
     ]
 
 
 def _draw_plans(plans: list[planner.Plan], path: str, title: str) -> None:
-    import matplotlib
+    import matplotlib  # heavy and optional: only --plot draws, the other commands import no plots
 
     matplotlib.use("Agg")  # a file, never a window
-    from mlsys import plotting
+    from mlsys import plotting  # after choosing the backend: plotting imports pyplot
 
     fig, ax = plotting.subplots(width=7.0, height=4.5)
-    planner.plot_plans(plans, ax)
+    plotting.plot_plans(plans, ax)
     ax.set_title(title, fontsize=9)
     fig.savefig(path, bbox_inches="tight")
 
@@ -220,7 +220,7 @@ def _napkin(args: argparse.Namespace) -> list[str]:
         mfu=args.mfu, recipe=args.recipe, n_devices=args.devices, dtype=args.dtype,
         name=args.preset,
     )  # fmt: skip
-    return summary.lines()
+    return tables.napkin_lines(summary)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

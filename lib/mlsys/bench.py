@@ -1,13 +1,12 @@
-"""Timing that can be trusted: warm-up, synchronization, many repeats, median and spread,
-provenance.
+"""Timing that can be trusted: warm-up, synchronization, many repeats, median and spread.
 
 On a GPU, kernel launches are asynchronous: a timer around `fn()` measures the launch, not the work.
 `benchmark` synchronizes and times each repeat with CUDA events there, and with `time.perf_counter`
 on CPU. Warm-up calls (compilation, autotuning, caches) are excluded explicitly. The median is
 reported with the 20th and 80th percentiles, never a lone mean.
 
-Every `Timing` carries `provenance()`: device, versions, date and git commit, so a number printed in
-the book or written under `results/` says what produced it.
+Every `Timing` carries `mlsys.results.provenance()`: device, versions, date and git commit, so a
+number printed in the book or written under `results/` says what produced it.
 
 A measurement is compared with something, usually a ceiling. `benchmark_interleaved` times several
 functions round-robin in one run, so a ceiling probe and the operations compared with it share the
@@ -15,26 +14,29 @@ same moments of a noisy machine; `measure_consistently` re-measures (a bounded n
 until a consistency check passes, and reports what stayed inconsistent so that a page can withhold
 its verdict. The clock is an argument: tests drive all of it with a fake one.
 Used in: every measuring chapter.
+
+One module, a little over 300 lines: the record (`Timing`), the two timers and the consistency
+loop share the clock, the synchronization and the statistics, and every experiment reads them as
+one tool (`bench.benchmark`, `bench.Timing`, `bench.noise_problems`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
-import datetime as _dt
 import math
 import platform
-import shlex
 import statistics
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TypeVar
 
+import torch
+from tqdm.auto import tqdm
+
 from mlsys import checks, env
+from mlsys.results import provenance
 
 T = TypeVar("T")
 Clock = Callable[[], float]
@@ -123,8 +125,6 @@ def _fmt_s(seconds: float) -> str:
 
 
 def _synchronize(device: str) -> None:
-    import torch
-
     if device == "cuda":
         torch.cuda.synchronize()
     elif device == "mps":
@@ -178,8 +178,6 @@ def _flusher(n_bytes: int, device: str) -> Callable[[], Any] | None:
     """A call that overwrites `n_bytes` of memory on `device` (None for 0 bytes)."""
     if n_bytes == 0:
         return None
-    import torch
-
     buffer = torch.empty(n_bytes, dtype=torch.int8, device=device)
     return buffer.zero_
 
@@ -192,8 +190,6 @@ def progress(iterable: Iterable[T], *, desc: str, total: int | None = None) -> I
     enabled = env.progress_enabled()
     if not enabled:
         return iterable
-    from tqdm.auto import tqdm
-
     return tqdm(iterable, desc=desc, total=total, leave=False)
 
 
@@ -294,8 +290,6 @@ def _time_once(
     if before is not None:
         before()
     if device == "cuda":
-        import torch
-
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
@@ -307,43 +301,6 @@ def _time_once(
     fn()
     _synchronize(device)
     return clock() - t0
-
-
-def git_commit(repo: Path | None = None) -> str:
-    """Short commit hash of the checkout (with "+dirty" for uncommitted changes), or "unknown"."""
-    cwd = repo or Path(__file__).resolve().parent
-    try:
-        rev = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"],
-            cwd=cwd, capture_output=True, text=True, check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=cwd, capture_output=True, text=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return rev + ("+dirty" if dirty else "")
-
-
-def provenance() -> dict[str, Any]:
-    """What produced a measurement: device, versions, profile, date (UTC), commit and command
-    line."""
-    record: dict[str, Any] = {
-        "device": env.device_name(),
-        "device_type": env.device(),
-        "profile": env.profile(),
-        **{f"{k}_version": v for k, v in env.versions().items()},
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": git_commit(),
-        "command": shlex.join(sys.argv),
-    }
-    if env.device() == "cuda":
-        import torch
-
-        record["driver_cuda"] = torch.version.cuda
-        record["capability"] = ".".join(map(str, torch.cuda.get_device_capability()))
-    return record
 
 
 def achieved_flop_per_s(flops: float, seconds: float) -> float:

@@ -14,6 +14,8 @@ in a chapter and `markdown_table` one in a one-pager.
 from __future__ import annotations
 
 import importlib.util
+import re
+from html import escape
 from typing import TypeVar
 
 from mlsys import checks
@@ -28,7 +30,7 @@ def glue(name: str, value: T) -> T:
         raise ValueError(f"glue name={name!r} must be a Python identifier "
                          "(letters, digits, underscores)")
     if importlib.util.find_spec("myst_nb") is not None:
-        from myst_nb import glue as _myst_glue
+        from myst_nb import glue as _myst_glue  # optional: only a book build has MyST-NB
 
         _myst_glue(name, value, display=False)
     return value
@@ -104,9 +106,6 @@ class Table:
                 raise ValueError(f"row {i} has {len(row)} cells for {len(self.header)} columns")
 
     def _repr_html_(self) -> str:
-        import re
-        from html import escape
-
         def html(text: str) -> str:
             return re.sub(r"`([^`]+)`", r"<code>\1</code>", escape(text))
 

@@ -75,6 +75,6 @@ def torch_dtype(dtype: object) -> torch.dtype:
     if entry.torch_name is None:
         raise ValueError(f"dtype={dtype!r} has no torch dtype "
                          "(tf32 exists only inside matrix units)")
-    import torch
+    import torch  # heavy: the napkin math's command line imports dtypes and must stay torch-free
 
     return getattr(torch, entry.torch_name)

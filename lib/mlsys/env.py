@@ -21,7 +21,11 @@ import datetime as _dt
 import importlib.util
 import os
 import platform
+import sys
+from importlib.metadata import version
 from typing import TypeVar
+
+import torch
 
 PROFILES = ("smoke", "cpu", "gpu")
 PROFILE_VARIABLE = "MLSYS_PROFILE"
@@ -31,8 +35,6 @@ T = TypeVar("T")
 
 def device() -> str:
     """The best available torch device type: "cuda", "mps" or "cpu"."""
-    import torch
-
     if torch.cuda.is_available():
         return "cuda"
     mps = getattr(torch.backends, "mps", None)
@@ -71,8 +73,6 @@ PROGRESS_VARIABLE = "MLSYS_PROGRESS"
 
 def progress_enabled() -> bool:
     """Show progress bars? `MLSYS_PROGRESS` if set (1/true/on/yes or not), else: on a terminal."""
-    import sys
-
     requested = os.environ.get(PROGRESS_VARIABLE)
     if requested is not None:
         return requested.strip().lower() in TRUE_SPELLINGS
@@ -123,12 +123,10 @@ def fix_triton_interpreter() -> bool:
     and RMSNorm's backward kernels fail on a CPU. Triton 3.7 squeezes the array first; so does the
     `__index__` installed here, after the interpreter's own, for each interpreted launch only.
     """
-    from importlib.metadata import version
-
     major_minor = tuple(int(p) for p in version("triton").split(".")[:2] if p.isdigit())
     if major_minor >= (3, 7):
         return False
-    from triton.runtime import interpreter
+    from triton.runtime import interpreter  # Triton may be absent: only when it will interpret
 
     original = getattr(interpreter, "_patch_lang_tensor", None)
     if original is None or getattr(original, "squeezes_scalars", False):
@@ -145,15 +143,8 @@ def fix_triton_interpreter() -> bool:
 
 def versions() -> dict[str, str]:
     """Versions of Python, torch, Triton and (on GPU) CUDA, as strings ("absent" when missing)."""
-    import torch
-
     out = {"python": platform.python_version(), "torch": torch.__version__}
-    if has_triton():
-        from importlib.metadata import version
-
-        out["triton"] = version("triton")
-    else:
-        out["triton"] = "absent"
+    out["triton"] = version("triton") if has_triton() else "absent"
     out["cuda"] = torch.version.cuda or "none"
     return out
 
@@ -161,14 +152,19 @@ def versions() -> dict[str, str]:
 def device_name() -> str:
     """Human name of the device experiments run on, e.g. "NVIDIA H100 80GB HBM3" or
     "CPU (x86_64, 2 cores)"."""
-    import torch
-
     kind = device()
     if kind == "cuda":
         return torch.cuda.get_device_name()
     if kind == "mps":
         return f"Apple MPS ({platform.machine()})"
     return f"CPU ({platform.machine()}, {os.cpu_count()} cores)"
+
+
+def cuda_capability() -> str:
+    """Compute capability of the current CUDA device, e.g. "9.0" (ValueError without one)."""
+    if not torch.cuda.is_available():
+        raise ValueError("no CUDA device: torch.cuda.is_available() is False")
+    return ".".join(map(str, torch.cuda.get_device_capability()))
 
 
 def describe() -> str:

@@ -26,6 +26,11 @@ Sources:
   Capabilities", table "Technical Specifications per Compute Capability", and the CUDA Occupancy
   Calculator's allocation units (https://docs.nvidia.com/cuda/cuda-c-programming-guide/ ,
   https://docs.nvidia.com/cuda/cuda-occupancy-calculator/ ).
+
+Longer than the library's ~300 lines per module because it is a data table: each accelerator,
+link, cluster and SM architecture is a record with its figures and their sources, and keeping them
+in one file keeps one home for every peak number (the point of this module). Pure Python: torch is
+imported only to `detect` the running device.
 Used in: every chapter that compares a measurement with a peak; book page "Hardware reference".
 """
 
@@ -282,6 +287,7 @@ ACCELERATORS: dict[str, Accelerator] = {
     "tpu-v5p": TPU_V5P,
 }
 
+
 @dataclass(frozen=True)
 class Link:
     """One kind of link between accelerators, as one chip sees it."""
@@ -438,7 +444,7 @@ def match_report(device_name: str) -> str:
 def detect() -> Accelerator | None:
     """The spec of the running CUDA device, or None (CPU, MPS, or a GPU not in the table:
     `match_report(torch.cuda.get_device_name())` says why)."""
-    import torch
+    import torch  # heavy and optional: the table is pure Python; only detection needs a device
 
     if not torch.cuda.is_available():
         return None

@@ -1,17 +1,35 @@
-"""One house style for every figure in the book.
+"""One house style for every figure in the book, and the figures of the cost models.
 
 `subplots()` makes a figure with the book's size, fonts and grid; `finish(ax, ...)` labels it.
 Colors come from `COLORS` (colour-blind-safe, Okabe-Ito) so a quantity keeps its colour across
 chapters: measured values in `COLORS["measured"]`, predictions in `COLORS["predicted"]`, hardware
 ceilings in `COLORS["ceiling"]`. Nothing is changed globally: the style is applied per figure.
+
+The cost models' figures draw what `mlsys.accounting` computes and compute nothing of their own:
+model states against model size (`plot_model_states`, chapter 02), operations under a spec's
+roofline (`plot_op_roofline`, chapter 04), DDP's bucket sweeps (`plot_bucket_sweeps`, chapter 08),
+the planner's meshes (`plot_plans`), the compute-bound curves (`plot_compute_bound`) and the
+decision map (`plot_first_choices`, chapter 09).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
 import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from matplotlib.colors import ListedColormap, to_rgba
+from matplotlib.patches import Patch
+
+from mlsys.accounting import compute_bound, memory, planner
+from mlsys.accounting.buckets import BucketPoint
+from mlsys.accounting.op_costs import OpCost
+from mlsys.hardware import Accelerator
+from mlsys.roofline import Ceilings
+from mlsys.tables import mesh_text
 
 COLORS = {
     "measured": "#0072B2",  # blue
@@ -96,3 +114,154 @@ def roofline(ax, ceilings, *, lo: int, hi: int, **line_kwargs: Any) -> None:
     xs = sorted(xs)
     line_kwargs.setdefault("color", COLORS["ceiling"])
     ax.plot(xs, [ceilings.attainable_flop_per_s(x) for x in xs], **line_kwargs)
+
+
+# --- the cost models' figures --------------------------------------------------------------------
+
+GB = 1e9
+
+
+def plot_model_states(n_params: dict[str, int], ax=None, *, accelerator: Accelerator,
+                      n_devices: int):
+    """Model states (GB) against parameters from 1e5 to 1e12, one line per recipe of
+    `memory.RECIPES` (dashed where an earlier recipe has the same bytes per parameter); the
+    presets `n_params` (name: parameters) marked at 16 B/param; the HBM of one and of `n_devices`
+    accelerators as ceilings, each with the largest fp32 AdamW model under it. Returns the axes."""
+    if ax is None:
+        _, ax = subplots()
+    sizes = torch.logspace(5, 12, 60, dtype=torch.float64).tolist()
+    drawn = set()  # a recipe with the bytes/param of an earlier one shares its line: dashed
+    for color, r in zip(CYCLE, memory.RECIPES.values(), strict=False):
+        ax.plot(sizes, [s * r.bytes_per_param / GB for s in sizes], color=color, label=r.name,
+                linestyle=(0, (4, 4)) if r.bytes_per_param in drawn else "-")
+        drawn.add(r.bytes_per_param)
+    for i, (name, p) in enumerate(n_params.items()):
+        preset_gb = memory.model_state_bytes(p, "fp32_adamw") / GB
+        ax.plot(p, preset_gb, "o", color="white", markeredgecolor=COLORS["ceiling"],
+                label="presets (16 B/param)" if i == 0 else None)
+        ax.annotate(name, (p, preset_gb), xytext=(-6, 6), textcoords="offset points", ha="right",
+                    fontsize=7)
+    for devices, style in ((1, ":"), (n_devices, "-.")):
+        ceiling_gb = devices * accelerator.hbm_bytes / GB
+        ax.axhline(ceiling_gb, color=COLORS["ceiling"], linestyle=style, lw=1,
+                   label=f"{devices} x {accelerator.name} ({ceiling_gb:.0f} GB)")
+        limit = memory.max_trainable_params(devices, accelerator.hbm_bytes, "fp32_adamw")
+        ax.axvline(limit, color=COLORS["muted"], linestyle=style, lw=1)
+        ax.annotate(f"{limit / GB:.0f}B", (limit, ceiling_gb), xytext=(4, -12),
+                    textcoords="offset points", fontsize=8)
+    finish(ax, title="Model states versus model size", xlabel="parameters",
+           ylabel="model states (GB)", logx=True, logy=True)
+    ax.legend(fontsize=7, loc="upper left")
+    return ax
+
+
+def plot_op_roofline(ops: Sequence[OpCost], ax=None, *, accelerator: Accelerator, dtype: str):
+    """Each operation (`op_costs.op_costs` in `dtype`) at its intensity (FLOP/byte) and attainable
+    FLOP/s under the spec roofline of `accelerator` in `dtype`, drawn from 2**-5 to 2**14 FLOP/byte
+    with its ridge point dotted. Returns the axes."""
+    if ax is None:
+        _, ax = subplots()
+    roof = Ceilings.from_spec(accelerator, dtype)
+    roofline(ax, roof, lo=-5, hi=14, lw=2, label=f"{accelerator.name} roof, {dtype} (spec)")
+    ax.axvline(roof.ridge_intensity, color=COLORS["muted"], ls=":", lw=1)
+    for color, marker, op in zip(CYCLE * 2, MARKERS, ops, strict=False):
+        ax.plot([op.intensity], [roof.attainable_flop_per_s(op.intensity)], marker, color=color,
+                ms=7, label=op.name)
+    finish(ax, title=f"Napkin roofline: operations on an {accelerator.name} ({dtype})",
+           xlabel="arithmetic intensity (FLOP/byte)", ylabel="attainable FLOP/s", logx=2,
+           logy=True)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    return ax
+
+
+def plot_bucket_sweeps(sweeps: dict[str, list[BucketPoint]], ax):
+    """Exposed communication (and its tail and queue bounds, dotted and dashed) against the bucket
+    cap in MiB, one colour per sweep (`accounting.buckets.bucket_sweep`). Returns the axes."""
+    for color, (name, points) in zip(CYCLE, sweeps.items(), strict=False):
+        caps = [p.cap_bytes / 2**20 for p in points]
+        ax.plot(caps, [p.exposed_s * 1e3 for p in points], "o-", color=color,
+                label=f"{name}: exposed")
+        ax.plot(caps, [p.tail_s * 1e3 for p in points], ":", color=color, label="tail")
+        ax.plot(caps, [p.queue_s * 1e3 if p.queue_s > 0 else math.nan for p in points], "--",
+                color=color, label="queue")
+    finish(ax, title="communication left after the backward (model)",
+           xlabel="bucket cap (MiB)", ylabel="ms", logx=2, logy=True)
+    ax.legend(fontsize=7, ncol=2, frameon=False, loc="upper center")
+    return ax
+
+
+def plot_plans(plans: list[planner.Plan], ax=None, *, label_top: int = 3):
+    """Memory per device against step time, one point per mesh of `planner.plan`, the HBM as a
+    line; the best `label_top` labelled. Returns the axes."""
+    if ax is None:
+        _, ax = subplots()
+    fit = [p for p in plans if p.fits]
+    over = [p for p in plans if not p.fits]
+    for group, color, label in ((fit, COLORS["predicted"], "fits"),
+                                (over, COLORS["muted"], "does not fit")):
+        if group:
+            ax.scatter([p.step_s for p in group], [p.memory.total / GB for p in group], s=14,
+                       color=color, label=label)
+    if plans:
+        ax.axhline(plans[0].hbm_bytes / GB, color=COLORS["ceiling"], lw=1, label="HBM per device")
+    for p in fit[:label_top]:
+        d = p.dims
+        ax.annotate(f"dp {d.dp_replicate}x{d.dp_shard} tp {d.tp} pp {d.pp} cp {d.cp}",
+                    (p.step_s, p.memory.total / GB), fontsize=7, xytext=(4, 4),
+                    textcoords="offset points")
+    finish(ax, xlabel="predicted step time (s)", ylabel="memory per device (GB)", logx=True,
+           logy=True)
+    return ax
+
+
+def plot_compute_bound(d_model: int, d_ff: int, n_devices: int, *, flop_per_s: float,
+                       link_bytes_per_s: float, m_x: int = 1, m_y: int = 1,
+                       fixed_xy: tuple[int, int] | None = None, ax=None):
+    """T_math / T_comms of one layer's forward against tokens per device B / N
+    (`compute_bound.compute_to_comms_curves`): pure FSDP, pure TP, FSDP x TP at the optimal split
+    and at `fixed_xy` = (X, Y); above 1 the layer is compute-bound. Returns the axes."""
+    per_device = np.logspace(0, 5, 200)
+    curves = compute_bound.compute_to_comms_curves(
+        per_device, d_model, d_ff, n_devices, flop_per_s=flop_per_s,
+        link_bytes_per_s=link_bytes_per_s, m_x=m_x, m_y=m_y, fixed_xy=fixed_xy)
+    if ax is None:
+        _, ax = subplots()
+    labels = {"fsdp": f"FSDP, X = {n_devices}", "tp": f"TP, Y = {n_devices}",
+              "optimal": "FSDP x TP, optimal X"}
+    if fixed_xy is not None:
+        labels["fixed"] = f"FSDP x TP, X = {fixed_xy[0]}, Y = {fixed_xy[1]}"
+    for i, (key, ratios) in enumerate(curves.items()):
+        ax.plot(per_device, ratios, label=labels[key], color=CYCLE[i])
+    ax.axhline(1.0, color=COLORS["ceiling"], lw=1, ls="--", label="compute = comms")
+    finish(ax, xlabel="tokens per device, B / N", ylabel="T_math / T_comms", logx=True, logy=True)
+    return ax
+
+
+def plot_first_choices(choices: dict[tuple[int, int], planner.Plan | None], ax=None):
+    """The decision tree drawn by the planner (`planner.first_choices`): one cell per (global
+    batch, seq), coloured by the family of its first choice and labelled with the mesh and its
+    predicted MFU. Returns the axes."""
+    if ax is None:
+        _, ax = subplots()
+    batches = sorted({b for b, _ in choices})
+    seqs = sorted({s for _, s in choices})
+    names = sorted({planner.family(p.dims) for p in choices.values() if p is not None})
+    codes = {name: i for i, name in enumerate(names)}
+    grid = np.full((len(seqs), len(batches)), np.nan)
+    for (b, s), p in choices.items():
+        if p is not None:
+            grid[seqs.index(s), batches.index(b)] = codes[planner.family(p.dims)]
+    colors = [to_rgba(CYCLE[i % len(CYCLE)], 0.55) for i in range(len(names))]
+    ax.imshow(grid, cmap=ListedColormap(colors or ["white"]), vmin=-0.5,
+              vmax=max(len(names), 1) - 0.5, origin="lower", aspect="auto")
+    for (b, s), p in choices.items():
+        text = "nothing fits" if p is None else f"{mesh_text(p.dims)}\n{p.mfu:.0%}"
+        ax.text(batches.index(b), seqs.index(s), text, ha="center", va="center", fontsize=6)
+    ax.grid(False)
+    ax.set_xticks(range(len(batches)), [f"{b:,}" for b in batches])
+    ax.set_yticks(range(len(seqs)), [f"{s:,}" for s in seqs])
+    ax.set_xlabel("global batch (sequences)")
+    ax.set_ylabel("sequence length (tokens)")
+    ax.legend(handles=[Patch(color=c, label=n) for n, c in zip(names, colors, strict=True)],
+              fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    return ax

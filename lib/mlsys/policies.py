@@ -39,7 +39,7 @@ class PrecisionPolicy:
     grad_dtype: str  # gradients as held between backward and update (and as they would be reduced)
     master_dtype: str | None  # the copy the optimizer updates; None: it updates the weights
     optimizer: str  # "adamw", "sgd" or "sgd_momentum"; its state has the dtype it updates
-    loss_scale: str = "none"  # "dynamic": `mlsys.loss_scaling.DynamicLossScaler` (for fp16)
+    loss_scale: str = "none"  # "dynamic": `numerics.loss_scaling.DynamicLossScaler` (for fp16)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):

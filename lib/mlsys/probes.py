@@ -20,6 +20,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from mlsys import bench, checks, env
 from mlsys.dtypes import canonical, torch_dtype
 from mlsys.roofline import Ceilings
@@ -43,8 +45,6 @@ class Probe:
 
 def copy_probe(n_bytes: int, *, device: str | None = None) -> Probe:
     """`dst.copy_(src)` of `n_bytes` (fp32): moves 2 * n_bytes per call (read + write)."""
-    import torch
-
     checks.integer(n_bytes, "n_bytes", minimum=4)
     device = device or env.device()
     src = torch.ones(n_bytes // 4, dtype=torch.float32, device=device)
@@ -55,8 +55,6 @@ def copy_probe(n_bytes: int, *, device: str | None = None) -> Probe:
 
 def matmul_probe(n: int, *, dtype: str = "fp32", device: str | None = None, seed: int = 0) -> Probe:
     """An N x N x N matmul in `dtype`: 2 N^3 FLOPs per call."""
-    import torch
-
     checks.positive_int(n, "n")
     checks.choice(canonical(dtype), "dtype", MATMUL_DTYPES)
     device = device or env.device()
@@ -68,8 +66,6 @@ def matmul_probe(n: int, *, dtype: str = "fp32", device: str | None = None, seed
 def op_overhead_probe(n_elements: int, *, ops_per_call: int = 20,
                       device: str | None = None) -> Probe:
     """`ops_per_call` in-place `t.mul_(1.0)` on `n_elements` fp32 values; work = ops per call."""
-    import torch
-
     checks.positive_int(n_elements, "n_elements")
     checks.positive_int(ops_per_call, "ops_per_call")
     t = torch.ones(n_elements, device=device or env.device())

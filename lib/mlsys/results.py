@@ -1,16 +1,23 @@
-"""Recorded measurements, `results/<device-slug>/<experiment>.json` (schema: results/README.md).
+"""Recorded measurements, `results/<device-slug>/<experiment>.json` (schema: results/README.md),
+and the provenance every measurement carries.
 
-Only benchmark entry points call `write_record`, on real hardware; chapters call `load_records` to
-plot a recorded GPU run beside the reader's own measurement. Rules: a record names its profile
-("smoke", "cpu" or "gpu") and device; only full-size GPU records (`is_gpu_record`) are written
-under `RESULTS_DIR` or read back from it; an existing record is replaced only with `force`.
-Used in: measuring chapters.
+`provenance()` says what produced a number: device, versions, profile, date, git commit and
+command line (`REQUIRED_PROVENANCE` are the keys a record must have). Only benchmark entry points
+call `write_record`, on real hardware; chapters call `load_records` to plot a recorded GPU run
+beside the reader's own measurement. Rules: a record names its profile ("smoke", "cpu" or "gpu")
+and device; only full-size GPU records (`is_gpu_record`) are written under `RESULTS_DIR` or read
+back from it; an existing record is replaced only with `force`. Used in: measuring chapters,
+`mlsys.bench` (every `Timing`), `mlsys.experiments`.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
 import re
+import shlex
+import subprocess
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -31,6 +38,41 @@ REQUIRED_PROVENANCE = (
 )
 EXPERIMENT_NAME = re.compile(r"[a-z0-9_]+")
 """An experiment's name, also its file's stem: lower-case letters, digits and underscores."""
+
+
+def git_commit(repo: Path | None = None) -> str:
+    """Short commit hash of the checkout (with "+dirty" for uncommitted changes), or "unknown"."""
+    cwd = repo or Path(__file__).resolve().parent
+    try:
+        rev = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"],
+            cwd=cwd, capture_output=True, text=True, check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=cwd, capture_output=True, text=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return rev + ("+dirty" if dirty else "")
+
+
+def provenance() -> dict[str, Any]:
+    """What produced a measurement: device, versions, profile, date (UTC), commit and command
+    line."""
+    record: dict[str, Any] = {
+        "device": env.device_name(),
+        "device_type": env.device(),
+        "profile": env.profile(),
+        **{f"{k}_version": v for k, v in env.versions().items()},
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "git_commit": git_commit(),
+        "command": shlex.join(sys.argv),
+    }
+    if env.device() == "cuda":
+        record["driver_cuda"] = env.versions()["cuda"]
+        record["capability"] = env.cuda_capability()
+    return record
 
 
 def device_slug(device_name: str) -> str:

@@ -9,8 +9,9 @@ intensity where the two are equal. Ceilings come either from a spec (`mlsys.hard
 
 The model is also a check: no kernel can beat its roof. `roof_problems` lists the measurements
 that do (by more than `ROOF_TOLERANCE`), which means the roof or the measurement is wrong (a noisy
-machine, a cache the probe did not see); `position` turns a measured time into words computed from
-the numbers. Pure: numbers in, numbers and sentences out. Used in: §sec-bytes, §sec-flops.
+machine, a cache the probe did not see). Where a measured time sits, in words, and the ridge
+points as a table are `mlsys.tables`. Pure: numbers in, numbers out (and a sentence per
+contradiction). Used in: §sec-bytes, §sec-flops.
 """
 
 from __future__ import annotations
@@ -119,44 +120,3 @@ def roof_problems(
                 f"roof allows (tolerance {tolerance:g}x)"
             )
     return problems
-
-
-def position(measured_s: float, predicted: Estimate, *, near: float = 1.5) -> str:
-    """Where a measured time sits against its roofline estimate, in words computed from the ratio.
-
-    "at the memory roof (1.1x the predicted time)" within `near` of the estimate, otherwise "3.2x
-    slower than the compute roof predicts"; faster than the estimate says so (a contradiction the
-    caller should have caught with `roof_problems`).
-    """
-    checks.positive(measured_s, "measured_s")
-    checks.number(near, "near", minimum=1.0)
-    ratio = measured_s / predicted.time_s
-    roof = "memory roof" if predicted.bound == "memory-bound" else "compute roof"
-    if ratio < 1 / near:
-        return f"{1 / ratio:.2f}x faster than the {roof} allows"
-    if ratio <= near:
-        return f"at the {roof} ({ratio:.2f}x the predicted time)"
-    return f"{ratio:.1f}x slower than the {roof} predicts"
-
-
-def ridge_table(accelerators: Iterable[Accelerator], dtypes: Iterable[str], *,
-                peaks: bool = False) -> tuple[list[str], list[list[str]]]:
-    """(header, rows) of each accelerator's HBM bandwidth (TB/s) and ridge point peak / bandwidth
-    (FLOP/byte) for each dtype, "-" where it has no dense peak for one; with `peaks`, each dense
-    peak (TFLOP/s) before its ridge. For `book.Table` or `book.markdown_table`."""
-    from mlsys.book import num
-
-    kinds = list(dtypes)
-    header = ["device", "HBM TB/s"]
-    for dt in kinds:
-        header += [f"{dt} TFLOP/s", f"ridge {dt}"] if peaks else [f"ridge {dt} (FLOP/B)"]
-    rows = []
-    for acc in accelerators:
-        cells = [acc.name, num(acc.hbm_bytes_per_s / 1e12)]
-        for dt in kinds:
-            known = dt in acc.dense_flop_per_s
-            if peaks:
-                cells.append(num(acc.peak_flop_per_s(dt) / 1e12, 4) if known else "-")
-            cells.append(f"{acc.ridge_intensity(dt):,.0f}" if known else "-")
-        rows.append(cells)
-    return header, rows

@@ -17,6 +17,7 @@ preset (claims, which the book checks) and the peaks their memory profiles showe
 `CS336_STUDENT_ATTENTION`: their naive-attention sweep (time and memory by head dim and length).
 `CS336_STUDENT_ALLREDUCE` and `CS336_STUDENT_DDP_XL`: their NCCL all-reduce table and DDP step
 breakdowns of the xl preset on 2 GPUs (chapter 08).
+A little over 300 lines: it is a data table, each measurement with its source, not logic.
 Used in: §sec-benchmarking, §sec-data-parallel.
 """
 

@@ -9,8 +9,8 @@ the recipes of `mlsys.accounting.memory` (`POLICIES`, `policy(name)`), and each 
 exactly its recipe's bytes per parameter: one name gives the napkin bytes and the runnable step.
 The master-weight policies are mixed precision written by hand (Micikevicius et al., 2018): low-
 precision weights the forward and backward read, an fp32 copy the optimizer updates, and with
-`loss_scale="dynamic"` the scaler of `mlsys.loss_scaling`. `training_state_bytes` adds up the
-tensors training holds per parameter. Used in: §sec-tensors-memory, §sec-flops,
+`loss_scale="dynamic"` the scaler of `mlsys.numerics.loss_scaling`. `training_state_bytes` adds
+up the tensors training holds per parameter. Used in: §sec-tensors-memory, §sec-flops,
 §sec-mixed-precision.
 """
 
@@ -23,9 +23,10 @@ import torch.nn.functional as F
 from jaxtyping import Int
 from torch import Tensor, nn
 
-from mlsys import checks
+from mlsys import checks, env
 from mlsys.dtypes import torch_dtype
-from mlsys.loss_scaling import DynamicLossScaler
+from mlsys.models.transformer import Transformer, check_tokens
+from mlsys.numerics.loss_scaling import DynamicLossScaler
 from mlsys.policies import AUTOCAST_DTYPES, POLICIES, PrecisionPolicy, policy
 
 __all__ = [
@@ -90,8 +91,6 @@ def make_train_step(
                         f"got {type(grad_scaler).__name__}")
     config = getattr(model, "config", None)
     if config is not None:  # the book's models: every id in range, checked once for every step
-        from mlsys.models.transformer import check_tokens
-
         check_tokens(tokens[:, :-1], config)  # the inputs
         check_tokens(tokens[:, 1:], config)  # the targets
     device_type = tokens.device.type
@@ -124,9 +123,6 @@ def state_after_one_step(
 ) -> tuple[nn.Module, torch.optim.Optimizer]:
     """A fresh `Transformer(cfg)` in `dtype` and its AdamW after one step on random tokens, so
     every piece of training state (gradients, both moments, the step counters) exists."""
-    from mlsys import env
-    from mlsys.models.transformer import Transformer
-
     checks.positive_ints(batch=batch, seq=seq)
     checks.nonnegative_int(seed, "seed")
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
@@ -293,8 +289,6 @@ def make_policy_step(
                          f"tokens on {tokens.device}: move them to one device first")
     config = getattr(model, "config", None)
     if config is not None:
-        from mlsys.models.transformer import check_tokens
-
         check_tokens(tokens[:, :-1], config)
         check_tokens(tokens[:, 1:], config)
     return PolicyStep(model, tokens, chosen, lr=lr, weight_decay=weight_decay, scaler=scaler)

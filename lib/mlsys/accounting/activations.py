@@ -54,11 +54,7 @@ the checkpoint already holds). Memory ~ (L / k) N D b + k * block. A block is r 
 tensors (sdpa, F = 4 D; 34 naive at S = 512), so k = 1 is the cheapest while L < 2 r (every
 preset), and the best k ~ sqrt(L / r) stays far below sqrt(L): the "O(sqrt L)" of Chen et al.
 (2016) is right as L grows, k proportional to sqrt(L), but k = sqrt(L) is not this model's best.
-Recomputation reruns each segment's forward once, less the segment's last w2 (PyTorch stops once
-every saved tensor is back: `early_stop`). The "+33% FLOPs" holds only for a full recomputation of
-every forward matmul (4 forwards instead of 3; `flops.hardware_training_flops(recompute="full")`);
-checkpointing the blocks leaves the head out, and early stop skips one w2 per segment: for 2.7B at
-S = 512, one block per segment reruns 25.0% of the step's matmul FLOPs (33.1% without early stop).
+The FLOPs the recomputation costs are `accounting.recompute`.
 
 Pure: configs, ints and dtype names in, numbers and frozen dataclasses out. Used in: chapter 05.
 """
@@ -70,7 +66,6 @@ from dataclasses import dataclass
 
 from mlsys import checks
 from mlsys.accounting.attention import BACKENDS, attention_saved_tensors
-from mlsys.accounting.flops import transformer_flops
 from mlsys.accounting.memory import tensor_bytes
 from mlsys.accounting.params import config_sizes
 from mlsys.dtypes import canonical
@@ -270,33 +265,6 @@ def saved_bytes(cfg, batch: int, seq: int, *, dtype: str = "fp32", attention: st
         block=_block_tensors(cfg, batch, seq, dtype=dtype, attention=attention),
         outside=_outside_tensors(cfg, batch, seq, dtype=dtype),
         segment_input=SavedTensor("checkpoint", "segment input", (batch, seq, d), dtype))
-
-
-def recompute_flops(cfg, batch: int, seq: int, *, checkpoint_segment: int,
-                    early_stop: bool = True) -> int:
-    """Matmul FLOPs of the forward rerun in backward with `checkpoint_segment` blocks per segment.
-
-    Every block is recomputed once; with `early_stop` (PyTorch's default for non-reentrant
-    checkpointing) each segment stops when its last saved tensor (w2's input) is back, so its last
-    w2 is not rerun. The head is not checkpointed. What `torch.utils.flop_counter` sees as
-    forward FLOPs inside the backward.
-    """
-    k = checks.positive_int(checkpoint_segment, "checkpoint_segment")
-    checks.choice(early_stop, "early_stop", (True, False))
-    mf = transformer_flops(cfg, batch, seq)
-    skipped = math.ceil(mf.n_layers / k) * mf.layer.ffn_w2 if early_stop else 0
-    return mf.n_layers * mf.layer.matmul_flops - skipped
-
-
-def recompute_overhead(cfg, batch: int, seq: int, *, checkpoint_segment: int,
-                       early_stop: bool = True) -> float:
-    """Recomputed FLOPs / the step's matmul FLOPs without checkpointing (3 forwards).
-
-    1/3 (the "+33%") only if every forward matmul were rerun; below it here (see the docstring).
-    """
-    step = transformer_flops(cfg, batch, seq).training_matmul_flops
-    return recompute_flops(cfg, batch, seq, checkpoint_segment=checkpoint_segment,
-                           early_stop=early_stop) / step
 
 
 # --- formulas as the seeds write them, kept so the book can check them ---------------------------

@@ -24,7 +24,8 @@ same bytes on average and needs only 2 ceil(log2 n) steps.
 Seed corrections this module lets a chapter show: a ring all-reduce has 2 (n-1) latency steps,
 not n-1 (`claimed_ring_all_reduce_s`); "time ~ 2 M / BW for large M" holds for large n, not
 large M (it is 2x too slow at n = 2); and a bandwidth printed in "GB/s" that is a bus bandwidth in
-GiB/s (`claimed_effective_gb_per_s`). Pure: no torch. Used in: §sec-data-parallel (chapter 08).
+GiB/s (`claimed_effective_gb_per_s`). Gradient buckets and their overlap with the backward are
+`accounting.buckets`. Pure: no torch. Used in: §sec-data-parallel (chapter 08).
 """
 
 from __future__ import annotations
@@ -178,130 +179,6 @@ def all_reduces_s(message_bytes: Sequence[float], n_ranks: int, *, alpha_s: floa
     parameter, flat DDP one for all, bucketed DDP one per bucket."""
     return sum(collective_time_s("all_reduce", m, n_ranks, alpha_s=alpha_s,
                                  bytes_per_s=bytes_per_s) for m in message_bytes)
-
-
-def buckets(tensor_bytes: Sequence[int], cap_bytes: float) -> list[list[int]]:
-    """Indices of tensors grouped in order into buckets of at most `cap_bytes` (a tensor larger
-    than the cap gets a bucket of its own). Pass the tensors in the order their gradients become
-    ready (reverse of the forward for a sequential model)."""
-    sizes = checks.int_sequence(tensor_bytes, "tensor_bytes", minimum=0)
-    cap = checks.positive(cap_bytes, "cap_bytes")
-    out: list[list[int]] = []
-    filled = 0
-    for i, size in enumerate(sizes):
-        if not out or filled + size > cap:
-            out.append([])
-            filled = 0
-        out[-1].append(i)
-        filled += size
-    return out
-
-
-def overlap_exposed_s(bucket_bytes: Sequence[float], backward_s: float, n_ranks: int, *,
-                      alpha_s: float, bytes_per_s: float) -> float:
-    """Communication left after the backward pass ends when each bucket's all-reduce starts as soon
-    as its gradients are ready and the previous all-reduce is done.
-
-    Gradients are assumed to appear at a steady rate in bytes over `backward_s`. The trade-off:
-    small buckets start early but pay `alpha` many times; large ones start late and leave a long
-    last all-reduce (the tail) after the backward.
-    """
-    sizes = [checks.nonnegative(b, f"bucket_bytes[{i}]") for i, b in enumerate(bucket_bytes)]
-    backward = checks.nonnegative(backward_s, "backward_s")
-    total = sum(sizes)
-    ready, end = 0.0, 0.0
-    for size in sizes:
-        ready += size
-        start = max(backward * ready / total if total else backward, end)
-        end = start + collective_time_s("all_reduce", size, n_ranks, alpha_s=alpha_s,
-                                        bytes_per_s=bytes_per_s)
-    return max(end - backward, 0.0)
-
-
-def exposed_bounds_s(bucket_bytes: Sequence[float], backward_s: float, n_ranks: int, *,
-                     alpha_s: float, bytes_per_s: float) -> tuple[float, float]:
-    """The two lower bounds on `overlap_exposed_s` that set the best bucket size: (tail, queue).
-
-    tail: the last bucket's all-reduce, which cannot start before the backward ends; it grows
-    with the bucket size. queue: the all-reduces run one after another from the moment the first
-    bucket is ready, so they end no earlier than first-ready + the sum of all their times, which
-    the backward hides: queue = first_ready + sum - backward_s; it grows with the number of
-    buckets (one alpha term each) and with the size of the first. The exposed time is at least
-    the larger of the two, and equal to it for equal buckets.
-    """
-    sizes = [checks.nonnegative(b, f"bucket_bytes[{i}]") for i, b in enumerate(bucket_bytes)]
-    if not sizes:
-        raise ValueError("bucket_bytes must hold at least one bucket")
-    backward = checks.nonnegative(backward_s, "backward_s")
-    ab = {"alpha_s": alpha_s, "bytes_per_s": bytes_per_s}
-    tail = collective_time_s("all_reduce", sizes[-1], n_ranks, **ab)
-    total = sum(sizes)
-    first_ready = backward * sizes[0] / total if total else backward
-    queue = first_ready + all_reduces_s(sizes, n_ranks, **ab) - backward
-    return tail, max(queue, 0.0)
-
-
-def bucket_bytes(tensor_bytes: Sequence[int], cap_bytes: float) -> list[int]:
-    """The size of each bucket `buckets` makes, in bytes."""
-    sizes = checks.int_sequence(tensor_bytes, "tensor_bytes", minimum=0)
-    return [sum(sizes[i] for i in group) for group in buckets(sizes, cap_bytes)]
-
-
-@dataclass(frozen=True)
-class BucketPoint:
-    """One bucket cap of a sweep: its buckets, the two bounds and the exposed communication."""
-
-    cap_bytes: float
-    buckets: int
-    tail_s: float  # `exposed_bounds_s`
-    queue_s: float
-    exposed_s: float  # `overlap_exposed_s`
-
-
-def bucket_sweep(tensor_bytes: Sequence[int], backward_s: float, n_ranks: int, *,
-                 alpha_s: float, bytes_per_s: float,
-                 caps_bytes: Sequence[float]) -> list[BucketPoint]:
-    """Every cap of `caps_bytes`, the tensors (in the order they become ready) bucketed under it:
-    how many buckets, the tail and queue bounds, and the communication left after the backward."""
-    if not caps_bytes:
-        raise ValueError("caps_bytes must name at least one bucket cap")
-    ab = {"alpha_s": alpha_s, "bytes_per_s": bytes_per_s}
-    out = []
-    for cap in caps_bytes:
-        groups = bucket_bytes(tensor_bytes, cap)
-        tail, queue = exposed_bounds_s(groups, backward_s, n_ranks, **ab)
-        out.append(BucketPoint(float(cap), len(groups), tail, queue,
-                               overlap_exposed_s(groups, backward_s, n_ranks, **ab)))
-    return out
-
-
-def best_bucket_cap(tensor_bytes: Sequence[int], backward_s: float, n_ranks: int, *,
-                    alpha_s: float, bytes_per_s: float,
-                    caps_bytes: Sequence[float]) -> tuple[float, float]:
-    """The cap among `caps_bytes` whose buckets leave the least exposed communication (the first
-    of equals), and that time: (cap_bytes, exposed_s)."""
-    best = min(bucket_sweep(tensor_bytes, backward_s, n_ranks, alpha_s=alpha_s,
-                            bytes_per_s=bytes_per_s, caps_bytes=caps_bytes),
-               key=lambda p: p.exposed_s)
-    return best.cap_bytes, best.exposed_s
-
-
-def plot_bucket_sweeps(sweeps: dict[str, list[BucketPoint]], ax):
-    """Exposed communication (and its tail and queue bounds, dotted and dashed) against the bucket
-    cap in MiB, one colour per sweep. Returns the axes."""
-    from mlsys import plotting
-
-    for color, (name, points) in zip(plotting.CYCLE, sweeps.items(), strict=False):
-        caps = [p.cap_bytes / 2**20 for p in points]
-        ax.plot(caps, [p.exposed_s * 1e3 for p in points], "o-", color=color,
-                label=f"{name}: exposed")
-        ax.plot(caps, [p.tail_s * 1e3 for p in points], ":", color=color, label="tail")
-        ax.plot(caps, [p.queue_s * 1e3 if p.queue_s > 0 else math.nan for p in points], "--",
-                color=color, label="queue")
-    plotting.finish(ax, title="communication left after the backward (model)",
-                    xlabel="bucket cap (MiB)", ylabel="ms", logx=2, logy=True)
-    ax.legend(fontsize=7, ncol=2, frameon=False, loc="upper center")
-    return ax
 
 
 def accumulation_sent_bytes(grad_bytes: float, n_ranks: int, micro_batches: int, *,

@@ -19,6 +19,7 @@ where T_FSDP = T_TP; a mesh with another X pays more. Pure: no torch. Used in: c
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from mlsys import checks
@@ -87,3 +88,37 @@ def optimal_compute_bound_batch(d_ff: int, *, flop_per_s: float, link_bytes_per_
     """The Scaling Book's closed form B / N > alpha^2 / (M_X M_Y F): valid only at X_opt."""
     checks.positive_ints(d_ff=d_ff, m_x=m_x, m_y=m_y)
     return ici_intensity(flop_per_s, link_bytes_per_s) ** 2 / (m_x * m_y * d_ff)
+
+
+def compute_to_comms_curves(tokens_per_device: Iterable[float], d_model: int, d_ff: int,
+                            n_devices: int, *, flop_per_s: float, link_bytes_per_s: float,
+                            m_x: int = 1, m_y: int = 1,
+                            fixed_xy: tuple[int, int] | None = None) -> dict[str, list[float]]:
+    """T_math / T_comms of one layer's forward at each b = B / N of `tokens_per_device`, for pure
+    FSDP ("fsdp", X = N), pure TP ("tp", Y = N), FSDP x TP at the Scaling Book's optimal split
+    ("optimal": X_opt clamped to [1, N], not an integer) and, given `fixed_xy` = (X, Y), that mesh
+    ("fixed"). The two communications overlap (`LayerTimes.comms_s`); above 1 the layer is
+    compute-bound; math.inf where nothing is sent."""
+    n = checks.positive_int(n_devices, "n_devices")
+    checks.positive_ints(d_model=d_model, d_ff=d_ff, m_x=m_x, m_y=m_y)
+    c, w = checks.positive(flop_per_s, "flop_per_s"), checks.positive(link_bytes_per_s,
+                                                                       "link_bytes_per_s")
+
+    def ratio(b: float, x: float, y: float) -> float:  # b tokens per device, x * y devices
+        math_s = 4 * b * d_model * d_ff / c
+        fsdp = 4 * d_model * d_ff / (y * w * m_x) if x > 1 else 0.0
+        tp = 4 * b * x * y * d_model / (x * w * m_y) if y > 1 else 0.0
+        return math_s / max(fsdp, tp) if max(fsdp, tp) else math.inf
+
+    def optimal(b: float) -> float:
+        x = min(max(optimal_fsdp_degree(b * n, d_ff, n, m_x=m_x, m_y=m_y), 1.0), n)
+        return ratio(b, x, n / x)
+
+    points = list(tokens_per_device)
+    curves = {"fsdp": [ratio(b, n, 1) for b in points], "tp": [ratio(b, 1, n) for b in points],
+              "optimal": [optimal(b) for b in points]}
+    if fixed_xy is not None:
+        x, y = (checks.positive_int(v, name) for v, name in zip(fixed_xy, ("X", "Y"),
+                                                                  strict=True))
+        curves["fixed"] = [ratio(b, x, y) for b in points]
+    return curves

@@ -12,7 +12,10 @@ each); the FLOP counter does not count them. The row-wise kernels (`mlsys.kernel
 the same constants.
 
 Pure functions; `cfg` is any object with vocab_size, d_model, n_layers, n_heads, d_ff (a
-`TransformerConfig`). Used in: §sec-flops, §sec-bytes, book page "FLOPs per layer".
+`TransformerConfig`). What a FLOP count becomes against a peak (MFU, HFU, wall-clock time) is
+`accounting.utilization`. A little over 300 lines: the per-operation counts, the transformer's
+built from them, and the widely shared formulas checked against both read best side by side.
+Used in: §sec-flops, §sec-bytes, book page "FLOPs per layer".
 """
 
 from __future__ import annotations
@@ -302,43 +305,6 @@ def forward_shares(cfg, seq: int) -> dict[str, float]:
 def six_n_flops_per_token(n_params: int) -> int:
     """The rule of thumb: 6N training FLOPs per token (forward 2N, backward 4N), no attention."""
     return 6 * checks.positive_int(n_params, "n_params")
-
-
-# --- utilization and time -------------------------------------------------------------------------
-
-
-def mfu(model_flops: float, seconds: float, peak_flop_per_s: float, n_devices: int = 1) -> float:
-    """Model FLOPs utilization: model FLOPs (no recomputation) / (seconds * peak * devices)."""
-    flops = checks.nonnegative(model_flops, "model_flops")
-    time_s = checks.positive(seconds, "seconds")
-    peak = checks.positive(peak_flop_per_s, "peak_flop_per_s")
-    return flops / (time_s * peak * checks.positive_int(n_devices, "n_devices"))
-
-
-def hfu(hardware_flops: float, seconds: float, peak_flop_per_s: float, n_devices: int = 1) -> float:
-    """Hardware FLOPs utilization: like MFU, counting every FLOP executed (recomputation too)."""
-    flops = checks.nonnegative(hardware_flops, "hardware_flops")
-    return mfu(flops, seconds, peak_flop_per_s, n_devices)
-
-
-RECOMPUTE_FACTORS = {"none": 3, "full": 4}
-"""A training step in forwards: forward + backward (2x), plus a second forward if recomputed."""
-
-
-def hardware_training_flops(forward_flops: float, *, recompute: str = "none") -> float:
-    """FLOPs executed by one training step: 3x forward, or 4x with full activation recomputation."""
-    factor = RECOMPUTE_FACTORS[checks.choice(recompute, "recompute", RECOMPUTE_FACTORS)]
-    return factor * checks.nonnegative(forward_flops, "forward_flops")
-
-
-def training_time_s(
-    total_flops: float, n_devices: int, peak_flop_per_s: float, mfu: float
-) -> float:
-    """Wall-clock seconds to execute `total_flops` on `n_devices` at utilization `mfu` of peak."""
-    flops = checks.nonnegative(total_flops, "total_flops")
-    devices = checks.positive_int(n_devices, "n_devices")
-    peak, share = checks.positive(peak_flop_per_s, "peak_flop_per_s"), checks.fraction(mfu, "mfu")
-    return flops / (devices * peak * share)
 
 
 # --- formulas as commonly shared, kept so the book can check them against the counter -------------

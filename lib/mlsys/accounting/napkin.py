@@ -10,11 +10,11 @@ one configuration through the other accounting modules, in the order a reader wo
 3. training FLOPs per token and per step (`flops`: forward + backward = 3x forward);
 4. FLOPs, bytes, intensity and roofline bound of the step's main kernels at this batch and
    sequence (`bytes`, `flops`, `roofline`), against the accelerator's ridge point;
-5. the step time at a stated MFU (`flops.training_time_s`) and the tokens per second.
+5. the step time at a stated MFU (`utilization.training_time_s`) and the tokens per second.
 
 `batch` is per device (as on the notation page); every device runs the same kernels on its own
 batch. Not counted: activations and temporary buffers (memory), communication (time).
-Pure: no torch, no printing; `Napkin.lines()` renders the summary as text.
+Pure: no torch, no printing; `mlsys.tables.napkin_lines` renders a trace as text.
 Used in: book page "One model on the napkin", `python -m mlsys napkin`.
 """
 
@@ -40,10 +40,9 @@ from mlsys.accounting.flops import (
     six_n_flops_per_token,
     softmax_flops,
     training_flops_per_token,
-    training_time_s,
     transformer_flops,
 )
-from mlsys.book import num
+from mlsys.accounting.utilization import training_time_s
 from mlsys.roofline import Ceilings, estimate
 
 
@@ -114,10 +113,6 @@ class Napkin:
     @property
     def sharded_fits(self) -> bool:
         return self.sharded_bytes_per_device <= self.hbm_bytes
-
-    def lines(self) -> list[str]:
-        """The summary as short text lines (what `python -m mlsys napkin` prints)."""
-        return _render(self)
 
 
 def napkin(
@@ -248,44 +243,3 @@ def _model(model: Any, name: str) -> tuple[Any, str]:
 def _peak_key(dtype: str) -> str:
     """The key of `Accelerator.dense_flop_per_s` for a canonical dtype ("fp8" for both fp8s)."""
     return "fp8" if dtype.startswith("fp8") else dtype
-
-
-def _gb(n_bytes: float) -> str:
-    return f"{num(n_bytes / 1e9)} GB"
-
-
-def _share(n_bytes: int, hbm_bytes: float) -> str:
-    fits = "fits" if n_bytes <= hbm_bytes else "does not fit"
-    return f"{_gb(n_bytes)} per device ({n_bytes / hbm_bytes:.0%} of HBM, {fits})"
-
-
-def _render(n: Napkin) -> list[str]:
-    pad = " " * 17
-    width = max(len(k.name) for k in n.kernels)
-    head = f"{pad}{'kernel':<{width}}  {'GFLOP':>7}  {'MB':>7}  {'FLOP/B':>7}  {'bound':<13}  µs"
-    kernels = [
-        f"{pad}{k.name:<{width}}  {num(k.flops / 1e9):>7}  {num(k.total_bytes / 1e6):>7}  "
-        f"{num(k.intensity_flop_per_byte):>7}  {k.bound:<13}  {num(k.roofline_s * 1e6)}"
-        for k in n.kernels
-    ]
-    return [
-        f"{n.model_name} on {n.n_devices} x {n.accelerator_name}, {n.dtype}, batch {n.batch} x "
-        f"seq {n.seq:,} per device, {n.recipe}, MFU {n.mfu:.0%}",
-        f"1 parameters     N = {n.n_params:,} ({n.n_params_matmul:,} in matmuls)",
-        f"2 model states   {n.bytes_per_param} B/param x N = {_gb(n.model_state_bytes)}; "
-        f"HBM {_gb(n.hbm_bytes)} per device (activations not counted)",
-        f"{pad}replicated: {_share(n.replicated_bytes_per_device, n.hbm_bytes)}",
-        f"{pad}sharded over {n.n_devices}: {_share(n.sharded_bytes_per_device, n.hbm_bytes)}",
-        f"3 FLOPs          per token: forward {num(n.forward_flops_per_token / 1e9)} GFLOP, "
-        f"training 3x = {num(n.training_flops_per_token / 1e9)} GFLOP "
-        f"(6N = {num(n.six_n_flops_per_token / 1e9)})",
-        f"{pad}per step: {num(n.step_flops_per_device / 1e12)} TFLOP per device "
-        f"({n.tokens_per_device:,} tokens), {num(n.step_flops / 1e12)} TFLOP on {n.n_devices}",
-        f"4 kernels        forward, per device; ridge point {num(n.ridge_flop_per_byte)} FLOP/B "
-        f"= {num(n.peak_flop_per_s / 1e12)} TFLOP/s / {num(n.hbm_bytes_per_s / 1e12)} TB/s",
-        head,
-        *kernels,
-        f"5 step time      {num(n.step_s)} s at {n.mfu:.0%} MFU: {num(n.tokens_per_s)} tokens/s "
-        f"on {n.n_devices} ({num(n.tokens_per_s / n.n_devices)} per device)",
-        f"{pad}(compute only: communication and overlap not counted)",
-    ]

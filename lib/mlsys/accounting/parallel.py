@@ -1,20 +1,19 @@
-"""4D parallelism on paper: the mesh, what each device holds, what it sends, the bubble, and when
-compute hides communication.
+"""4D parallelism on paper: the mesh, what a model is to it, and what each device holds.
 
 A mesh of `ParallelDims` degrees, outermost axis first (`MESH_AXES`, torchtitan's order, so the
 tensor-parallel ranks are neighbours, inside one node): pipeline `pp` (stages of consecutive
 blocks), data `dp_replicate` (plain copies, gradients all-reduced), data `dp_shard` (FSDP, ZeRO-3),
 context `cp` (sequence shards, ring attention) and tensor `tp` (Megatron: attention by heads,
-SwiGLU by columns of w1, w3 and rows of w2). FSDP shards over dp_shard x cp (`fsdp`): the cp ranks
-hold the same weights, so they can share the shards, as torchtitan does. Memory per device
-(`device_memory`) and bytes per step (`sent_bytes`, exactly what `mlsys.distributed` sends, which
-the tests count) follow from the degrees; the planner (`accounting.planner`) turns them into time.
-Expert parallelism (`ep_*`: expert weights per rank, the all-to-all bytes of a mixture-of-experts
-layer) is counted too, for the one-pager; it is not an axis of the mesh.
+SwiGLU by columns of w1, w3 and rows of w2). FSDP shards over dp_shard x cp (`FSDP_AXES`,
+`ParallelDims.fsdp`): the cp ranks hold the same weights, so they can share the shards, as
+torchtitan does. Memory per device (`device_memory`) follows from the degrees; the bytes each rank
+sends per step are `accounting.parallel_traffic`, expert parallelism `accounting.experts`, and the
+planner (`accounting.planner`) turns them into time.
 
 The pipeline bubble and schedules live in `accounting.pipeline`, the compute-bound conditions in
 the Scaling Book's notation in `accounting.compute_bound`; both are re-exported here. Pure: no
-torch. Used in: chapter 09 (§sec-parallelism).
+torch. A little over 300 lines: the mesh, its checks against the model and what each device
+holds are one concept. Used in: chapter 09 (§sec-parallelism).
 """
 
 from __future__ import annotations
@@ -23,9 +22,8 @@ import functools
 import math
 from dataclasses import dataclass, field
 
-from mlsys import checks, hardware
+from mlsys import checks
 from mlsys.accounting.activations import saved_bytes
-from mlsys.accounting.comms import collective_cost
 from mlsys.accounting.compute_bound import (  # noqa: F401 (re-exported)
     LayerTimes,
     compute_bound_batch,
@@ -34,9 +32,10 @@ from mlsys.accounting.compute_bound import (  # noqa: F401 (re-exported)
     optimal_compute_bound_batch,
     optimal_fsdp_degree,
 )
+from mlsys.accounting.flops import training_flops_per_token
 from mlsys.accounting.memory import TrainingRecipe
 from mlsys.accounting.memory import recipe as _recipe
-from mlsys.accounting.params import config_sizes
+from mlsys.accounting.params import config_sizes, param_counts
 from mlsys.accounting.pipeline import (  # noqa: F401 (re-exported: the bubble is part of 4D)
     SCHEDULES,
     bubble_fraction,
@@ -49,6 +48,8 @@ from mlsys.dtypes import bytes_per_element
 
 MESH_AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 """Mesh axes, outermost first: rank = row-major index of its coordinates (tp varies fastest)."""
+FSDP_AXES = ("dp_shard", "cp")
+"""The axes FSDP shards the weights over (the cp ranks hold the same weights, so they share)."""
 
 
 @dataclass(frozen=True)
@@ -84,8 +85,8 @@ class ParallelDims:
 
     @property
     def fsdp(self) -> int:
-        """Ranks the weights are sharded over: dp_shard * cp."""
-        return self.dp_shard * self.cp
+        """Ranks the weights are sharded over: the product of the `FSDP_AXES` degrees."""
+        return math.prod(getattr(self, axis) for axis in FSDP_AXES)
 
     def coords(self, rank: int) -> dict[str, int]:
         """This rank's index along every axis."""
@@ -180,9 +181,6 @@ def model_shape(cfg, *, seq: int = 2, dtype: str = "bf16") -> ModelShape:
         d, f = cfg.d_model, cfg.d_ff
         return ModelShape(cfg.n_layers, d, 2 * d * f, 0, 0, 0, (("d_ff", f),), f * b, 0, d * b, 0,
                           6 * 2 * d * f * cfg.n_layers)
-    from mlsys.accounting.flops import training_flops_per_token
-    from mlsys.accounting.params import param_counts
-
     _, d, h, f, n_layers = config_sizes(cfg, "vocab_size", "d_model", "n_heads", "d_ff",
                                             "n_layers")
     pc = param_counts(cfg)
@@ -316,181 +314,3 @@ def min_shards_to_fit(device_bytes: float, state_bytes: float, activation_bytes:
     while n > 1 and (s + a * f) / (n - 1) <= room:  # guard against rounding up too far
         n -= 1
     return n
-
-
-# --- bytes each rank sends per step (what mlsys.distributed does, call for call) ---------------
-
-
-def padded(numel: int, n: int) -> int:
-    """numel rounded up to a multiple of n: FSDP's flat parameter, in equal shards."""
-    return -(-checks.nonnegative_int(numel, "numel") // checks.positive_int(n, "n")) * n
-
-
-def fsdp_units(cfg, dims: ParallelDims, stage: int = 0) -> tuple[int, ...]:
-    """Parameters of each FSDP unit of a stage on one TP rank: the root (the stage's parameters
-    outside the blocks) when it has any, then one unit per block."""
-    shape = cfg if isinstance(cfg, ModelShape) else model_shape(cfg)
-    lo, hi = stage_layers(shape.n_layers, dims.pp)[stage]
-    block = shape.block_tp_params // dims.tp + shape.block_other_params
-    root = shape.stage_params(stage, dims.pp, dims.tp) - (hi - lo) * block
-    return ((root,) if root else ()) + (block,) * (hi - lo)
-
-
-def fsdp_sent_bytes(units, n_shards: int, *, param_dtype: str = "fp32",
-                    reduce_dtype: str = "fp32", microbatches: int = 1,
-                    n_replicas: int = 1) -> dict[str, float]:
-    """Per micro-batch and unit: all-gather the weights before its forward and again before its
-    backward (freed in between), reduce-scatter its gradient, and with `n_replicas` > 1 all-reduce
-    the gradient shard across the copies (HSDP)."""
-    n, r = checks.positive_int(n_shards, "n_shards"), checks.positive_int(n_replicas, "n_replicas")
-    m = checks.positive_int(microbatches, "microbatches")
-    pb, rb = bytes_per_element(param_dtype), bytes_per_element(reduce_dtype)
-    out = {"all_gather": 0.0, "reduce_scatter": 0.0, "replicate_all_reduce": 0.0}
-    for numel in checks.int_sequence(units, "units"):
-        flat = padded(numel, n)
-        out["all_gather"] += 2 * m * collective_cost("all_gather", flat * pb, n).sent_bytes
-        out["reduce_scatter"] += m * collective_cost("reduce_scatter", flat * rb, n).sent_bytes
-        out["replicate_all_reduce"] += m * collective_cost("all_reduce", flat // n * rb,
-                                                           r).sent_bytes
-    return out
-
-
-def tp_sent_bytes(d_model: int, tp: int, *, tokens: int, n_blocks: int, act_dtype: str = "fp32",
-                  sequence_parallel: bool = False, first: bool = True, last: bool = True,
-                  microbatches: int = 1, gain_dtype: str = "fp32") -> float:
-    """Megatron per block and micro-batch of `tokens` (b x s): forward all-reduce after o_proj
-    and after w2 ("g"), backward all-reduce before attention and before the feed-forward ("f"):
-    4 all-reduces of tokens x d_model. With sequence parallelism each becomes an all-gather and a
-    reduce-scatter (the same bytes), the two norm gains' gradients are all-reduced, and the stream
-    is gathered once more at the edges (backward of the split after the embedding, forward of the
-    gather before the final norm)."""
-    t = checks.positive_int(tp, "tp")
-    checks.positive_ints(d_model=d_model, tokens=tokens, microbatches=microbatches)
-    blocks = checks.nonnegative_int(n_blocks, "n_blocks")
-    stream = tokens * d_model * bytes_per_element(act_dtype)
-    per_block = 4 * collective_cost("all_reduce", stream, t).sent_bytes
-    edges = 0.0
-    if sequence_parallel:
-        per_block += 2 * collective_cost("all_reduce", d_model * bytes_per_element(gain_dtype),
-                                         t).sent_bytes
-        edges = (first + last) * collective_cost("all_gather", stream, t).sent_bytes
-    return microbatches * (blocks * per_block + edges)
-
-
-def cp_sent_bytes(d_model: int, cp: int, *, tokens: int, n_blocks: int, tp: int = 1,
-                  act_dtype: str = "fp32", grad_dtype: str = "fp32",
-                  microbatches: int = 1) -> float:
-    """Ring attention per block and micro-batch, `tokens` = b x s / cp on this rank: the forward
-    passes K and V around the ring (cp - 1 sends); the backward passes them again with their
-    gradient accumulators dK, dV (in `grad_dtype`), which take one more hop home (cp sends)."""
-    c = checks.positive_int(cp, "cp")
-    checks.positive_ints(d_model=d_model, tokens=tokens, tp=tp, microbatches=microbatches)
-    blocks = checks.nonnegative_int(n_blocks, "n_blocks")
-    kv = tokens * d_model // tp  # elements of K (or V) held by this rank: its heads only
-    if c == 1:
-        return 0.0
-    per_block = (2 * (c - 1) * 2 * kv * bytes_per_element(act_dtype)
-                 + c * 2 * kv * bytes_per_element(grad_dtype))
-    return float(microbatches * blocks * per_block)
-
-
-def pp_sent_bytes(stage: int, n_stages: int, *, activation_bytes: float,
-                  microbatches: int = 1) -> float:
-    """Point-to-point per micro-batch: the activation to the next stage (forward) and its
-    gradient to the previous one (backward)."""
-    p = checks.positive_int(n_stages, "n_stages")
-    s = checks.integer(stage, "stage", minimum=0)
-    act = checks.nonnegative(activation_bytes, "activation_bytes")
-    m = checks.positive_int(microbatches, "microbatches")
-    return m * act * ((s < p - 1) + (s > 0))
-
-
-def sent_bytes(cfg, dims: ParallelDims, rank: int, *, batch: int, seq: int,
-               microbatches: int = 1, param_dtype: str = "fp32", reduce_dtype: str = "fp32",
-               act_dtype: str = "fp32", sequence_parallel: bool = False) -> dict[str, float]:
-    """Bytes `rank` sends in one training step of `mlsys.distributed.mesh.parallelize`, by
-    strategy (keys of `STRATEGY_AXES`); global `batch` sequences of `seq` tokens."""
-    check_model(cfg, dims, batch=batch, seq=seq, microbatches=microbatches)
-    shape, at = model_shape(cfg), dims.coords(rank)
-    d, stage = shape.d_model, at["pp"]
-    lo, hi = stage_layers(shape.n_layers, dims.pp)[stage]
-    tokens = batch // dims.dp // microbatches * seq // dims.cp  # one micro-batch on this rank
-    units = fsdp_units(shape, dims, stage)
-    out = fsdp_sent_bytes(units, dims.fsdp, param_dtype=param_dtype, reduce_dtype=reduce_dtype,
-                          microbatches=microbatches, n_replicas=dims.dp_replicate)
-    common = {"tokens": tokens, "n_blocks": hi - lo, "microbatches": microbatches}
-    out["tp"] = tp_sent_bytes(d, dims.tp, act_dtype=act_dtype, sequence_parallel=sequence_parallel,
-                              first=stage == 0, last=stage == dims.pp - 1, **common)
-    out["cp"] = cp_sent_bytes(d, dims.cp, tp=dims.tp, act_dtype=act_dtype, **common)
-    out["pp"] = pp_sent_bytes(stage, dims.pp, microbatches=microbatches,
-                              activation_bytes=tokens * d * bytes_per_element(act_dtype))
-    return out
-
-
-STRATEGY_AXES = {"all_gather": ("dp_shard", "cp"), "reduce_scatter": ("dp_shard", "cp"),
-                 "replicate_all_reduce": ("dp_replicate",), "tp": ("tp",), "cp": ("cp",),
-                 "pp": ("pp",)}
-"""The mesh axes each entry of `sent_bytes` travels along."""
-
-
-def comm_time_s(cfg, dims: ParallelDims, cluster: hardware.Cluster, rank: int = 0,
-                **kwargs) -> dict[str, float]:
-    """Seconds of each entry of `sent_bytes(cfg, dims, rank, **kwargs)` on `cluster`, before any
-    overlap: bytes / the bandwidth of the slowest link its group crosses (`Cluster.ring_link` of
-    the group's span: inside a node, or the network). Bandwidth only (no latency term): for ring
-    collectives the bytes a rank sends are the bus bytes of `accounting.comms`, so this is
-    `comms.time_s` with alpha = 0."""
-    if not isinstance(cluster, hardware.Cluster):
-        raise TypeError(f"cluster must be a hardware.Cluster, got {type(cluster).__name__}")
-    sent = sent_bytes(cfg, dims, rank, **kwargs)
-    return {kind: b / cluster.ring_link(dims.span(*STRATEGY_AXES[kind])).bytes_per_s if b else 0.0
-            for kind, b in sent.items()}
-
-
-# --- expert parallelism (mixture-of-experts layers; not an axis of the planner's mesh) -----------
-
-
-def ep_expert_params(d_model: int, d_ff: int, n_experts: int, ep: int) -> int:
-    """Expert parameters one rank holds when `n_experts` SwiGLU experts of width `d_ff` are spread
-    over `ep` ranks: n_experts / ep experts of 3 d_model d_ff each (the router, d_model x
-    n_experts, and the rest of the model are not counted: every rank holds them)."""
-    checks.positive_ints(d_model=d_model, d_ff=d_ff, n_experts=n_experts, ep=ep)
-    if n_experts % ep:
-        raise ValueError(f"n_experts ({n_experts}) is not divisible by ep ({ep}): "
-                         f"{n_experts} / {ep} = {n_experts / ep:g} experts per rank")
-    return n_experts // ep * 3 * d_model * d_ff
-
-
-def ep_sent_bytes(d_model: int, ep: int, *, tokens: int, top_k: int = 1, n_moe_layers: int = 1,
-                  act_dtype: str = "bf16", capacity_factor: float = 1.0,
-                  microbatches: int = 1) -> float:
-    """Bytes a rank sends per step for expert parallelism (GShard, Lepikhin et al. 2020,
-    https://arxiv.org/abs/2006.16668; Switch, Fedus et al. 2021, https://arxiv.org/abs/2101.03961).
-
-    Per MoE layer and micro-batch of `tokens` on this rank, one all-to-all sends each token's
-    d_model vector to each of its `top_k` experts (dispatch) and another brings the expert outputs
-    back (combine); the backward sends their gradients the same two ways: 4 all-to-alls, each of
-    a buffer of capacity_factor x top_k x tokens x d_model elements per rank (slots sized by the
-    capacity factor travel whether filled or not), of which (ep - 1) / ep leaves the rank when
-    the router spreads the tokens evenly (`comms.collective_cost("all_to_all")`)."""
-    checks.positive_ints(d_model=d_model, ep=ep, tokens=tokens, top_k=top_k,
-                         microbatches=microbatches)
-    layers = checks.nonnegative_int(n_moe_layers, "n_moe_layers")
-    cf = checks.positive(capacity_factor, "capacity_factor")
-    buffer = cf * top_k * tokens * d_model * bytes_per_element(act_dtype)
-    return microbatches * layers * 4 * collective_cost("all_to_all", buffer, ep).sent_bytes
-
-
-def ep_compute_bound_d_ff(ep: int, *, flop_per_s: float, link_bytes_per_s: float,
-                          act_dtype: str = "bf16") -> float:
-    """Expert width above which a SwiGLU expert's forward and backward (3 matmuls of 2 d_model d_ff
-    FLOPs per routed token, x 3 for the backward: 18 d_model d_ff) take longer than the token's
-    4 all-to-all transfers (`ep_sent_bytes`, capacity factor 1) at `link_bytes_per_s`:
-
-        18 D F / C > 4 D b (ep - 1) / ep / W   <=>   F > (2 / 9) b (ep - 1) / ep x C / W
-
-    whatever the batch and top_k (both sides scale with the routed tokens). 0 for ep = 1."""
-    e = checks.positive_int(ep, "ep")
-    c = checks.positive(flop_per_s, "flop_per_s")
-    w = checks.positive(link_bytes_per_s, "link_bytes_per_s")
-    return 2 / 9 * bytes_per_element(act_dtype) * (e - 1) / e * c / w

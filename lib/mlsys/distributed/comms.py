@@ -29,6 +29,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from mlsys.accounting.comms import collective_cost
+from mlsys.distributed.groups import check_group
 
 # torch 2.13 renamed all_gather_into_tensor and reduce_scatter_tensor to all_gather_single and
 # reduce_scatter_single (the old names still work and warn); torch 2.11 has only the old names.
@@ -40,16 +41,16 @@ REDUCE_SCATTER_SINGLE = (
     "reduce_scatter_single" if hasattr(dist, "reduce_scatter_single") else "reduce_scatter_tensor")
 
 
-def all_gather_single(output: Tensor, input: Tensor, group=None, async_op: bool = False):
+def all_gather_single(output: Tensor, input: Tensor, group, async_op: bool = False):
     """`dist.all_gather_single` (torch >= 2.13) or `dist.all_gather_into_tensor` (older): every
-    rank's `input` concatenated along dim 0 into `output`."""
+    rank's `input` of `group` concatenated along dim 0 into `output`."""
     gather = getattr(dist, ALL_GATHER_SINGLE)  # looked up per call: `count_bytes` replaces it
     return gather(output, input, group=group, async_op=async_op)
 
 
-def reduce_scatter_single(output: Tensor, input: Tensor, group=None, async_op: bool = False):
+def reduce_scatter_single(output: Tensor, input: Tensor, group, async_op: bool = False):
     """`dist.reduce_scatter_single` (torch >= 2.13) or `dist.reduce_scatter_tensor` (older): the
-    sum over ranks of `input`, this rank's 1/n of it (along dim 0) into `output`."""
+    sum over the ranks of `group` of `input`, this rank's 1/n of it (along dim 0) into `output`."""
     scatter = getattr(dist, REDUCE_SCATTER_SINGLE)
     return scatter(output, input, group=group, async_op=async_op)
 
@@ -154,10 +155,6 @@ def count_bytes() -> Iterator[CommCount]:
             setattr(module, name, original)
 
 
-def _group(group):
-    return dist.group.WORLD if group is None else group
-
-
 def _exchange(send: Tensor, dst: int, recv: Tensor, src: int, group) -> None:
     """Send `send` to global rank `dst` while receiving `recv` from `src` (no deadlock: the send is
     asynchronous)."""
@@ -166,7 +163,7 @@ def _exchange(send: Tensor, dst: int, recv: Tensor, src: int, group) -> None:
     request.wait()
 
 
-def ring_all_reduce(tensor: Tensor, group=None) -> Tensor:
+def ring_all_reduce(tensor: Tensor, group) -> Tensor:
     """Sum `tensor` over the ranks of `group` in place, by a ring of sends and receives; return it.
 
     Equal to `dist.all_reduce(tensor)` (bit for bit on integers and on 2 ranks; floats may differ
@@ -176,7 +173,7 @@ def ring_all_reduce(tensor: Tensor, group=None) -> Tensor:
         raise TypeError(f"tensor must be a torch.Tensor, got {type(tensor).__name__}")
     if not tensor.is_contiguous():
         raise ValueError("tensor must be contiguous (the ring sends views of it)")
-    group = _group(group)
+    check_group(group)
     n, r = dist.get_world_size(group), dist.get_rank(group)
     if n == 1:
         return tensor

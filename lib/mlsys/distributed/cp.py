@@ -4,7 +4,7 @@ Each of the n ranks holds s / n positions of every sequence (its queries, keys a
 computes everything but attention on them alone. `ring_attention` passes the key/value blocks
 around the ring (n - 1 sends each way per layer): at step t rank r holds the block of rank r - t,
 computes the partial attention of its queries over it with the reference
-(`mlsys.models.attention.attention(..., mask=..., return_lse=True)`: output O_j and log-sum-exp
+(`mlsys.ops.attention.attention(..., mask=..., return_lse=True)`: output O_j and log-sum-exp
 L_j), and merges it with what it has so far, exactly, by the log-sum-exp (the online softmax of
 FlashAttention): L = logaddexp(L_a, L_b), O = e^(L_a - L) O_a + e^(L_b - L) O_b (Liu et al., 2023,
 "Ring Attention with Blockwise Transformers"). A block whose keys all lie in the queries' future is
@@ -13,7 +13,7 @@ passed on without being computed.
 The backward is written out, block by block (FlashAttention-2's): with D = rowsum(dO * O),
 P = exp(S - L), dV_j += P^T dO, dS = P * (dO V_j^T - D), dQ += dS K_j * scale, dK_j += dS^T Q *
 scale. The key/value blocks travel the ring again, each with its accumulators dK_j, dV_j (kept in
-fp32), which take one last hop back to their owner: `accounting.parallel.cp_sent_bytes`.
+fp32), which take one last hop back to their owner: `accounting.parallel_traffic.cp_sent_bytes`.
 
 Causal load balance: with contiguous shards, rank r's queries see r + 1 of the n key blocks (about
 (r + 1/2) (s/n)^2 scores), so the last rank works 2n - 1 times as long as the first and the step
@@ -38,7 +38,7 @@ from torch import Tensor, nn
 
 from mlsys import checks
 from mlsys.distributed.groups import check_blocks, check_group
-from mlsys.models.attention import attention
+from mlsys.ops.attention import attention
 
 LAYOUTS = ("contiguous", "zigzag")
 

@@ -32,7 +32,8 @@ from torch import Tensor, nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from mlsys import checks
-from mlsys.accounting.comms import buckets as _bucket_indices
+from mlsys.accounting.buckets import buckets as _bucket_indices
+from mlsys.distributed.groups import check_group
 
 MIB = 2**20
 
@@ -56,15 +57,12 @@ class _DataParallel(nn.Module):
     """What every variant shares: the broadcast at construction, the trainable parameters,
     `no_sync` and averaging."""
 
-    def __init__(self, module: nn.Module, group=None):
+    def __init__(self, module: nn.Module, group):
         super().__init__()
         if not isinstance(module, nn.Module):
             raise TypeError(f"module must be a torch.nn.Module, got {type(module).__name__}")
-        if not dist.is_initialized():
-            raise RuntimeError("torch.distributed is not initialized: run inside "
-                               "mlsys.distributed.launch (or call init_process_group first)")
         self.module = module
-        self.group = dist.group.WORLD if group is None else group
+        self.group = check_group(group)
         self.world_size = dist.get_world_size(self.group)
         self._sync = True
         src = dist.get_global_rank(self.group, 0)
@@ -124,7 +122,7 @@ class FlatDDP(_DataParallel):
 class OverlappedDDP(_DataParallel):
     """An asynchronous all-reduce per parameter, launched as soon as its gradient is ready."""
 
-    def __init__(self, module: nn.Module, group=None):
+    def __init__(self, module: nn.Module, group):
         super().__init__(module, group)
         self._pending: list[tuple[Tensor, object]] = []
         hook_gradients(self.trainable, self._hook)
@@ -153,7 +151,7 @@ class BucketedDDP(_DataParallel):
     soon as its last gradient is ready; `finish_gradient_synchronization` waits and copies back.
     """
 
-    def __init__(self, module: nn.Module, group=None, *, bucket_size_mb: float = 25.0):
+    def __init__(self, module: nn.Module, group, *, bucket_size_mb: float = 25.0):
         checks.positive(bucket_size_mb, "bucket_size_mb")
         super().__init__(module, group)
         self.bucket_size_mb = float(bucket_size_mb)
@@ -207,10 +205,10 @@ VARIANTS = {"naive": NaiveDDP, "flat": FlatDDP, "overlapped": OverlappedDDP,
             "bucketed": BucketedDDP}
 
 
-def apply_ddp(module: nn.Module, variant: str = "bucketed", *, group=None,
+def apply_ddp(module: nn.Module, variant: str = "bucketed", *, group,
               bucket_size_mb: float = 25.0) -> _DataParallel:
     """Wrap an unmodified `module` in the data-parallel `variant` ("naive", "flat",
-    "overlapped" or "bucketed", which alone takes `bucket_size_mb`)."""
+    "overlapped" or "bucketed", which alone takes `bucket_size_mb`) over the ranks of `group`."""
     checks.choice(variant, "variant", VARIANTS)
     if variant == "bucketed":
         return BucketedDDP(module, group, bucket_size_mb=bucket_size_mb)

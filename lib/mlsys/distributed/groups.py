@@ -1,9 +1,10 @@
 """The checks every distributed strategy makes of its arguments, in one public home.
 
-`check_group` insists on an explicit process group (no silent default to WORLD) inside an
-initialized `torch.distributed`; `check_blocks` on a module that keeps its transformer blocks in
-`.blocks` (a `Transformer` or a `pp.PipelineStage`), which tensor and context parallelism walk.
-Used by `fsdp`, `tp`, `pp`, `cp` and `mesh`.
+`check_initialized` insists on a running `torch.distributed`; `check_group` on an explicit
+process group inside it (no silent default to WORLD: every function that communicates takes its
+group as an argument); `check_blocks` on a module that keeps its transformer blocks in `.blocks`
+(a `Transformer` or a `pp.PipelineStage`), which tensor and context parallelism walk.
+Used by `comms`, `ddp`, `zero`, `fsdp`, `tp`, `pp`, `cp`, `mesh` and `torch_strategies`.
 """
 
 from __future__ import annotations
@@ -14,11 +15,16 @@ import torch.distributed as dist
 from torch import nn
 
 
-def check_group(group: object, name: str = "group") -> Any:
-    """A process group, explicitly: torch.distributed must be up and `group` a ProcessGroup."""
+def check_initialized() -> None:
+    """RuntimeError unless torch.distributed is up (a launch, or init_process_group)."""
     if not dist.is_initialized():
         raise RuntimeError("torch.distributed is not initialized: run inside "
                            "mlsys.distributed.launch (or call init_process_group first)")
+
+
+def check_group(group: object, name: str = "group") -> Any:
+    """A process group, explicitly: torch.distributed must be up and `group` a ProcessGroup."""
+    check_initialized()
     if not isinstance(group, dist.ProcessGroup):
         raise TypeError(f"{name} must be a torch.distributed.ProcessGroup (e.g. Rank.group or a "
                         f"mesh axis), got {type(group).__name__}")

@@ -28,7 +28,16 @@ from __future__ import annotations
 import os
 import signal
 import time
+from datetime import timedelta
 from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as torch_mp
+from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+from mlsys import checks
+from mlsys.distributed import launch
 
 LAUNCHERS = ("mlsys", "mlsys-started", "elastic-fork", "elastic-spawn", "torch-mp-spawn")
 DEFAULT_LAUNCHERS = ("mlsys", "mlsys-started", "elastic-fork", "elastic-spawn")
@@ -41,9 +50,6 @@ _SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGINT", "SIGHUP
 
 
 def _all_reduce(group: Any, rank: int) -> float:
-    import torch
-    import torch.distributed as dist
-
     value = torch.full((1,), float(rank + 1))
     dist.all_reduce(value, group=group)
     return float(value.item())
@@ -56,11 +62,9 @@ def mlsys_rank(rank: Any) -> float:
 
 def elastic_rank() -> float:
     """The job under `elastic_launch`: the group comes from the env:// variables it sets."""
-    import torch.distributed as dist
-
     dist.init_process_group("gloo")
     try:
-        return _all_reduce(None, dist.get_rank())
+        return _all_reduce(dist.group.WORLD, dist.get_rank())
     finally:
         dist.destroy_process_group()
 
@@ -68,14 +72,10 @@ def elastic_rank() -> float:
 def torch_mp_rank(rank: int, world_size: int, port: int) -> None:
     """The job under `torch.multiprocessing.start_processes`: the group from a store the parent
     holds on `port` (it has no rendezvous of its own, nor a way to return a value)."""
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
     store = dist.TCPStore(HOST, port, is_master=False, timeout=timedelta(seconds=60))
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size)
     try:
-        _all_reduce(None, rank)
+        _all_reduce(dist.group.WORLD, rank)
     finally:
         dist.destroy_process_group()
 
@@ -84,8 +84,6 @@ def torch_mp_rank(rank: int, world_size: int, port: int) -> None:
 
 
 def _elastic(world_size: int, start_method: str, call: int) -> float:
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=world_size,
                           rdzv_backend="c10d", rdzv_endpoint="localhost:0",
                           run_id=f"compare-{os.getpid()}-{start_method}-{call}", max_restarts=0,
@@ -105,11 +103,6 @@ def _elastic(world_size: int, start_method: str, call: int) -> float:
 
 
 def _torch_mp(world_size: int) -> float:
-    from datetime import timedelta
-
-    import torch.distributed as dist
-    import torch.multiprocessing as torch_mp
-
     store = dist.TCPStore(HOST, 0, is_master=True, wait_for_workers=False,
                           timeout=timedelta(seconds=60))
     torch_mp.start_processes(torch_mp_rank, args=(world_size, store.port), nprocs=world_size,
@@ -127,16 +120,11 @@ def compare_launchers(world_size: int = 2, *, launchers: tuple[str, ...] = DEFAU
     world_size, cpus (os.cpu_count()), torch (its version). 12-18 s on a busy 2-core CPU with
     the defaults, the first start of the fork server included (4-6 s of it).
     """
-    from mlsys import checks
-    from mlsys.distributed import launch
-
     world = checks.positive_int(world_size, "world_size")
     repeats = checks.positive_int(calls, "calls")
     checks.positive(timeout_s, "timeout_s")
     for name in launchers:
         checks.choice(name, "launchers", LAUNCHERS)
-    import torch
-
     rows = []
     for name in launchers:
         job = launch.start(world, timeout_s=timeout_s) if name == "mlsys-started" else None

@@ -2,9 +2,10 @@
 
 A `Mesh` is this rank's process group along every axis of `accounting.parallel.ParallelDims`
 (`MESH_AXES`, outermost first: pp, dp_replicate, dp_shard, cp, tp; tp varies fastest, so a TP
-group is a run of neighbouring ranks, one node), plus "fsdp" (dp_shard x cp: the ranks that share
-the weights' shards). Groups are built with `new_group(..., use_local_synchronization=True)`, each
-rank joining only its own; nothing is global: the mesh is passed to whatever needs a group.
+group is a run of neighbouring ranks, one node), plus "fsdp" (`FSDP_AXES`, dp_shard x cp: the
+ranks that share the weights' shards). Groups are built with `new_group(...,
+use_local_synchronization=True)`, each rank joining only its own; nothing is global: the mesh is
+passed to whatever needs a group.
 
 `parallelize(model, mesh)` applies the strategies to the unmodified book model in this order:
 
@@ -32,13 +33,14 @@ import torch.distributed as dist
 from torch import Tensor
 
 from mlsys import checks
-from mlsys.accounting.parallel import MESH_AXES, ParallelDims
+from mlsys.accounting.parallel import FSDP_AXES, MESH_AXES, ParallelDims
 from mlsys.distributed import cp as _cp
 from mlsys.distributed import fsdp as _fsdp
 from mlsys.distributed import pp as _pp
 from mlsys.distributed import tp as _tp
+from mlsys.distributed.groups import check_initialized
 
-GROUPS = {**{axis: (axis,) for axis in MESH_AXES}, "fsdp": ("dp_shard", "cp")}
+GROUPS = {**{axis: (axis,) for axis in MESH_AXES}, "fsdp": FSDP_AXES}
 """Every group a mesh holds: name -> the axes it spans."""
 
 
@@ -64,9 +66,7 @@ def build_mesh(dims: ParallelDims) -> Mesh:
     """This rank's groups for `dims` (every rank of the world calls it, in any order)."""
     if not isinstance(dims, ParallelDims):
         raise TypeError(f"dims must be a ParallelDims, got {type(dims).__name__}")
-    if not dist.is_initialized():
-        raise RuntimeError("torch.distributed is not initialized: run inside "
-                           "mlsys.distributed.launch (or call init_process_group first)")
+    check_initialized()
     world = dist.get_world_size()
     if world != dims.world_size:
         raise ValueError(f"dims describe {dims.world_size} ranks but the world has {world}")

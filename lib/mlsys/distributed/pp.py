@@ -1,5 +1,6 @@
 """Pipeline parallelism by hand: stages of consecutive blocks, micro-batches, GPipe and 1F1B with
-point-to-point sends; and `torch.distributed.pipelining` on the same stages, to compare.
+point-to-point sends (`torch.distributed.pipelining` on the same stages, to compare, is
+`torch_strategies.torch_pipeline_step`).
 
 `apply_pp(model, group)` keeps this rank's stage of the model (`PipelineStage`): blocks
 `accounting.parallel.stage_layers(...)[stage]`, plus the embedding on the first stage and the final
@@ -40,9 +41,11 @@ class PipelineStage(nn.Module):
     Tokens (batch, seq) in on the first stage, activations (batch, seq, d_model) elsewhere; logits
     out of the last stage. The modules are the model's own (not copies); names as in the model,
     with blocks numbered from 0 in the stage (`first_block` is the model's number of block 0).
+    `group`: the pipeline's process group (`apply_pp` passes it); None only for a stage that is
+    inspected, never run (`pipeline_step` refuses it).
     """
 
-    def __init__(self, model: Transformer, stage: int, n_stages: int, group=None):
+    def __init__(self, model: Transformer, stage: int, n_stages: int, group):
         super().__init__()
         if not isinstance(model, Transformer):
             raise TypeError(f"model must be a Transformer, got {type(model).__name__}")
@@ -178,29 +181,3 @@ def pipeline_step(stage: PipelineStage, inputs: Tensor, targets: Tensor, *, micr
     for work, _ in sends:
         work.wait()
     return PipelineStep(total if stage.is_last else None, order, events)
-
-
-def torch_pipeline_step(stage: PipelineStage, inputs: Tensor, targets: Tensor, *,
-                        microbatches: int, schedule: str = "1f1b") -> float | None:
-    """The same step by `torch.distributed.pipelining` (ScheduleGPipe or Schedule1F1B over the
-    same stage module, gradients scaled by 1/m); the mean loss on the last stage."""
-    from torch.distributed.pipelining import PipelineStage as TorchStage
-    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
-
-    m = checks.positive_int(microbatches, "microbatches")
-    kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[checks.choice(schedule, "schedule",
-                                                                          SCHEDULES)]
-    theirs = TorchStage(stage, stage.stage, stage.n_stages, inputs.device, group=stage.group)
-
-    def loss_fn(logits: Tensor, target: Tensor) -> Tensor:
-        return F.cross_entropy(logits.flatten(0, 1).float(), target.flatten())
-
-    runner = kind(theirs, m, loss_fn=loss_fn)
-    losses: list[Tensor] = []
-    if stage.is_first:  # contiguous: torch 2.11's stage rejects a view's strides (x[:, :-1])
-        runner.step(inputs.contiguous())
-    elif stage.is_last:
-        runner.step(target=targets, losses=losses)
-    else:
-        runner.step()
-    return sum(loss.item() for loss in losses) / m if stage.is_last else None

@@ -1,5 +1,4 @@
-"""Tensor parallelism (Megatron-LM) by hand, with sequence parallelism as an option; and DTensor's
-`parallelize_module` on the same model, to compare.
+"""Tensor parallelism (Megatron-LM) by hand, with sequence parallelism as an option.
 
 Each of the n ranks of `group` holds a slice of every block's matrices: q, k, v, w1 and w3 by
 output columns (`ColumnParallelLinear`: whole heads, n_heads / n of them, and d_ff / n hidden
@@ -11,7 +10,7 @@ slices and only two sums per block cross ranks (Shoeybi et al., 2019, "Megatron-
   partial gradient of the input);
 - "g" (`reduce_from_tp`) after o_proj and w2: all-reduce in the forward (each rank's rows give a
   partial sum), identity in the backward.
-Per block: 2 all-reduces of (b, s, d_model) forward and 2 backward (`accounting.parallel.
+Per block: 2 all-reduces of (b, s, d_model) forward and 2 backward (`accounting.parallel_traffic.
 tp_sent_bytes`). Embedding, head and norm gains stay whole on every rank (a vocabulary-parallel
 head is the next step Megatron takes; not done here).
 
@@ -24,7 +23,8 @@ tokens, gets its gradient all-reduced (it is reached through `copy_to_tp`, kept 
 
 `apply_tp` changes module instances, not classes: linears are swapped for the parallel ones,
 attention's `n_heads` becomes the local count, and forward hooks apply f/g at the sub-layers'
-edges. `unsharded` gathers the slices back (for checks). Used in: chapter 09 (§sec-parallelism).
+edges. `unsharded` gathers the slices back (for checks). DTensor's `parallelize_module` on the
+same blocks is `torch_strategies.apply_dtensor_tp`. Used in: chapter 09 (§sec-parallelism).
 """
 
 from __future__ import annotations
@@ -274,30 +274,3 @@ def unsharded(named: dict[str, Tensor], module: nn.Module, group) -> dict[str, T
         else:
             out[f"{path}.weight" if attr == "tp_gain" else name] = t
     return out
-
-
-def apply_dtensor_tp(module: nn.Module, group) -> nn.Module:
-    """The same split by PyTorch's DTensor: `parallelize_module` with ColwiseParallel for q, k, v,
-    w1, w3 and RowwiseParallel for o_proj, w2 over a 1-D mesh of `group` (no sequence
-    parallelism); attention's `n_heads` set to the local count, as `apply_tp` does."""
-    from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        parallelize_module,
-    )
-
-    check_blocks(module)
-    check_group(group)
-    n, _ = _n_r(group)
-    mesh = DeviceMesh.from_group(group, next(module.parameters()).device.type)
-    plan = {**{f"attn.{p}": ColwiseParallel() for p in ("q_proj", "k_proj", "v_proj")},
-            "attn.o_proj": RowwiseParallel(), "ffn.w1": ColwiseParallel(),
-            "ffn.w3": ColwiseParallel(), "ffn.w2": RowwiseParallel()}
-    for i, block in enumerate(module.blocks):
-        if block.attn.n_heads % n:
-            raise ValueError(f"blocks.{i}: n_heads ({block.attn.n_heads}) is not divisible by "
-                             f"the TP degree ({n})")
-        parallelize_module(block, mesh, plan)
-        block.attn.n_heads //= n
-    return module

@@ -1,8 +1,9 @@
 """ZeRO stages 1 and 2: each rank keeps the optimizer state (and, at stage 2, the gradients) of its
 own share of the parameters only.
 
-`ShardedOptimizer(params, optimizer_cls, **kwargs)` is a real `torch.optim.Optimizer` (so
-`zero_grad`, param groups and `add_param_group` work). Each trainable parameter gets an owner rank
+`ShardedOptimizer(params, optimizer_cls, group=..., **kwargs)` is a real `torch.optim.Optimizer`
+(so `zero_grad`, param groups and `add_param_group` work), sharded over the ranks of `group`
+(required: no default to WORLD). Each trainable parameter gets an owner rank
 (`accounting.zero.assign_owners`: the rank holding the fewest elements so far); each rank builds
 `optimizer_cls` over the parameters it owns, so its state covers about 1/n of them. A step:
 
@@ -34,12 +35,13 @@ from torch import Tensor
 from mlsys import checks
 from mlsys.accounting.zero import assign_owners
 from mlsys.distributed.ddp import hook_gradients
+from mlsys.distributed.groups import check_group
 
 
 class ShardedOptimizer(torch.optim.Optimizer):
     """ZeRO stage 1 (default) or 2 around any `torch.optim.Optimizer` class."""
 
-    def __init__(self, params: Iterable[Any], optimizer_cls: type, *, group=None,
+    def __init__(self, params: Iterable[Any], optimizer_cls: type, *, group,
                  stage: int = 1, reduce_gradients: bool | None = None, **kwargs: Any):
         if not (isinstance(optimizer_cls, type) and issubclass(optimizer_cls,
                                                                torch.optim.Optimizer)):
@@ -50,10 +52,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             reduce_gradients = stage == 2
         if stage == 2 and not reduce_gradients:
             raise ValueError("stage=2 reduces the gradients itself: reduce_gradients must be True")
-        if not dist.is_initialized():
-            raise RuntimeError("torch.distributed is not initialized: run inside "
-                               "mlsys.distributed.launch (or call init_process_group first)")
-        self.process_group = dist.group.WORLD if group is None else group
+        self.process_group = check_group(group)
         self.world_size = dist.get_world_size(self.process_group)
         self.rank = dist.get_rank(self.process_group)
         self.stage, self.reduce_gradients = stage, bool(reduce_gradients)

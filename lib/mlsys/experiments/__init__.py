@@ -57,6 +57,9 @@ NAMES = (
 )
 """Every experiment, in chapter order (each is the module `mlsys.experiments.<name>`)."""
 
+Rows = list[dict[str, Any]]
+"""An experiment's rows, or a list of records: JSON-ready dicts."""
+
 CHUNK_S = 8 * 60
 """`--chunk` groups experiments so that each group runs within this many seconds on one H100."""
 
@@ -128,7 +131,7 @@ def record_of(
 ) -> dict:
     """The record of one run: provenance (device, versions, date, commit, the command with its
     arguments `argv`, sizes) and rows."""
-    provenance = bench.provenance()
+    provenance = results.provenance()
     provenance["command"] = shlex.join(["python", "-m", "mlsys.experiments", *argv])
     provenance["profile"] = profile
     provenance["sizes"] = dataclasses.asdict(sizes)
@@ -191,3 +194,29 @@ def module(name: str) -> Any:
     verdicts)."""
     checks.choice(name, "name", NAMES)
     return importlib.import_module(f"mlsys.experiments.{name}")
+
+
+def show_recorded(name: str, *, tables: Sequence[Callable[[Rows], Any]] | None = None,
+                  show: Callable[[dict[str, Any]], Any] | None = None,
+                  would_show: str = "") -> None:
+    """A page's "Recorded GPU results" of experiment `name`: how many records there are, then per
+    record its `provenance_line`, each of `tables` of its rows (default: the module's `table`) and
+    what `show(record)` gives back (a figure it drew and showed; then a sentence, a table, or a
+    list of them: a str is printed, anything else displayed). With no record, `no_record_text`
+    and `would_show`, what a GPU run would add. Returns nothing, so a cell shows no value."""
+    from IPython.display import display  # IPython: a page has it, the command line never calls this
+
+    records = recorded(name)
+    print(f"{name}: {len(records)} record(s)" if records
+          else " ".join(filter(None, (no_record_text(name), would_show))))
+    tables = [module(name).table] if tables is None else tables
+    for record in records:
+        print(provenance_line(record))
+        for table in tables:
+            display(table(record["results"]))
+        shown = show(record) if show is not None else None
+        for item in shown if isinstance(shown, list) else [] if shown is None else [shown]:
+            if isinstance(item, str):
+                print(item)
+            else:
+                display(item)

@@ -17,18 +17,21 @@ Used in: §sec-data-parallel (chapter 08).
 
 from __future__ import annotations
 
-import time
+import math
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+import torch.distributed as dist
+
 from mlsys import bench, env, hardware, third_party
-from mlsys.accounting import comms as C
+from mlsys.accounting import comms as comms_cost
 from mlsys.book import Table, num, verdict
+from mlsys.distributed import comms, launch
 from mlsys.experiments import Experiment, timing_fields, timing_of
+from mlsys.experiments.kit import calls_per_sample, fit_row, setup, slowest, time_all_reduces
 
 MIB = 2**20
-SAMPLE_BYTES = 4 * MIB
-MAX_CALLS = 64
 
 
 @dataclass(frozen=True)
@@ -46,61 +49,11 @@ SIZES = {
 }
 
 
-def calls_per_sample(message_bytes: int) -> int:
-    """All-reduces timed back to back in one sample: enough for `SAMPLE_BYTES`, at most
-    `MAX_CALLS` (as nccl-tests averages many iterations), so a small message's sample measures
-    its latency in a stream of calls, not the wake-up after a barrier."""
-    return max(1, min(MAX_CALLS, SAMPLE_BYTES // message_bytes))
-
-
-def time_all_reduces(rank, message_bytes: tuple[int, ...], warmup: int,
-                     repeats: int) -> dict[int, list[float]]:
-    """On one rank: seconds per `dist.all_reduce`, per sample, per message size (runs in a rank).
-    A sample is a barrier, then `calls_per_sample` calls and a device sync."""
-    import torch
-    import torch.distributed as dist
-
-    cuda = rank.device.type == "cuda"
-    out = {}
-    for size in message_bytes:
-        x = torch.ones(size // 4, device=rank.device)
-        calls, samples = calls_per_sample(size), []
-        for i in range(warmup + repeats):
-            dist.barrier(group=rank.group)
-            if cuda:
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            for _ in range(calls):
-                dist.all_reduce(x, group=rank.group)
-            if cuda:
-                torch.cuda.synchronize()
-            if i >= warmup:
-                samples.append((time.perf_counter() - start) / calls)
-        out[size] = samples
-        del x
-    return out
-
-
-def fit_row(message_bytes: list[int], times_s: list[float], n_ranks: int) -> dict[str, Any]:
-    """The alpha-beta fit as a row, or the reason there is none (a noisy run whose times do not
-    grow with the size)."""
-    try:
-        fit = C.fit_alpha_beta(message_bytes, times_s, n_ranks=n_ranks)
-    except ValueError as error:
-        return {"kind": "fit", "error": str(error)}
-    return {"kind": "fit", "alpha_s": fit.alpha_s, "bytes_per_s": fit.bytes_per_s,
-            "per_call_s": fit.per_call_s, "relative_errors": list(fit.relative_errors)}
-
-
 def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
     """Every (rank count, size) point, one fit per rank count, and skipped rank counts."""
-    from mlsys.distributed import launch
-
     device = "cuda" if (device or env.device()) == "cuda" else "cpu"
     available = None
     if device == "cuda":
-        import torch
-
         available = torch.cuda.device_count()
     rows: list[dict[str, Any]] = []
     worlds = [w for w in s.world_sizes if available is None or w <= available]
@@ -115,14 +68,13 @@ def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
         per_rank = launch.run(time_all_reduces, w, args=(s.message_bytes, s.warmup, s.repeats),
                               device=device, timeout_s=600, collective_timeout_s=300)
         for size in s.message_bytes:
-            slowest = [max(r[size][i] for r in per_rank) for i in range(s.repeats)]
-            timing = bench.Timing(tuple(slowest), s.warmup, device)
+            timing = slowest([r[size] for r in per_rank], warmup=s.warmup, device=device)
             rows.append({"kind": "point", "world_size": w, "message_bytes": size,
                          "backend": backend, "calls_per_sample": calls_per_sample(size),
                          **timing_fields(timing),
-                         "algbw_bytes_per_s": C.algorithm_bandwidth(size, timing.median_s),
-                         "busbw_bytes_per_s": C.bus_bandwidth("all_reduce", size,
-                                                              timing.median_s, w),
+                         "algbw_bytes_per_s": comms_cost.algorithm_bandwidth(size, timing.median_s),
+                         "busbw_bytes_per_s": comms_cost.bus_bandwidth("all_reduce", size,
+                                                                       timing.median_s, w),
                          "problems": bench.noise_problems({f"{size} B": timing})})
         if w > 1:
             points = [r for r in rows if r["kind"] == "point" and r["world_size"] == w]
@@ -138,16 +90,12 @@ def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
 # --- reading the rows (live or recorded) ----------------------------------------------------------
 
 
-def fits(rows: list[dict[str, Any]]) -> dict[int, C.AlphaBeta]:
+def fits(rows: list[dict[str, Any]]) -> dict[int, comms_cost.AlphaBeta]:
     """The fitted alpha-beta model of each rank count (where the fit succeeded)."""
-    return {r["world_size"]: C.AlphaBeta("all_reduce", r["world_size"], r["alpha_s"],
-                                         r["bytes_per_s"], r["per_call_s"],
-                                         tuple(r["relative_errors"]))
+    return {r["world_size"]: comms_cost.AlphaBeta("all_reduce", r["world_size"], r["alpha_s"],
+                                                  r["bytes_per_s"], r["per_call_s"],
+                                                  tuple(r["relative_errors"]))
             for r in rows if r["kind"] == "fit" and "error" not in r}
-
-
-def setup(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    return next(r for r in rows if r["kind"] == "setup")
 
 
 def table(rows: list[dict[str, Any]]) -> Table:
@@ -194,8 +142,8 @@ def verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
         lo, hi = at[0], at[-1]
         algbw = hi["algbw_bytes_per_s"] / lo["algbw_bytes_per_s"]
         busbw = hi["busbw_bytes_per_s"] / lo["busbw_bytes_per_s"]
-        ring = C.bus_factor("all_reduce", lo["world_size"]) / C.bus_factor("all_reduce",
-                                                                          hi["world_size"])
+        ring = (comms_cost.bus_factor("all_reduce", lo["world_size"])
+                / comms_cost.bus_factor("all_reduce", hi["world_size"]))
         bands = (f"from {lo['world_size']} to {hi['world_size']} ranks at "
                  f"{num(largest_size / MIB)} MiB, the algorithm bandwidth changed {algbw:.2f}x and "
                  f"the bus bandwidth {busbw:.2f}x (a ring on equal links: {ring:.2f}x and 1x)")
@@ -207,7 +155,7 @@ def verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
 def plot(rows: list[dict[str, Any]], axes) -> None:
     """Left: time against message size per rank count, measured (p20-p80 bars) and fitted.
     Right: the bus bandwidth with the fitted beta and, where there is one, the link's spec."""
-    from mlsys.plotting import COLORS, CYCLE, finish
+    from mlsys.plotting import COLORS, CYCLE, finish  # matplotlib: only when a page draws
 
     models, link = fits(rows), setup(rows)
     points = [r for r in rows if r["kind"] == "point"]
@@ -237,11 +185,6 @@ def plot(rows: list[dict[str, Any]], axes) -> None:
 def ring_check(rank, numel: int, seed: int = 0) -> dict[str, Any]:
     """On one rank: `distributed.comms.ring_all_reduce` of `numel` random float32 values against
     `dist.all_reduce` of the same tensor, with the bytes and calls each made (runs in a rank)."""
-    import torch
-    import torch.distributed as dist
-
-    from mlsys.distributed import comms
-
     gen = torch.Generator().manual_seed(seed + rank.rank)
     x = torch.randn(numel, generator=gen).to(rank.device)
     ours, ref = x.clone(), x.clone()
@@ -253,11 +196,11 @@ def ring_check(rank, numel: int, seed: int = 0) -> dict[str, Any]:
             "ring_calls": dict(ring.calls), "all_reduce_sent_bytes": library.sent_bytes}
 
 
-def third_party_fit(world_size: int = 2) -> C.AlphaBeta:
+def third_party_fit(world_size: int = 2) -> comms_cost.AlphaBeta:
     """The alpha-beta model fitted to the seed's NCCL table at `world_size` (2: four sizes)."""
     points = [r for r in third_party.CS336_STUDENT_ALLREDUCE if r.world_size == world_size]
-    return C.fit_alpha_beta([r.message_bytes for r in points], [r.mean_s for r in points],
-                            n_ranks=world_size)
+    return comms_cost.fit_alpha_beta([r.message_bytes for r in points],
+                                     [r.mean_s for r in points], n_ranks=world_size)
 
 
 def third_party_rows() -> list[dict[str, Any]]:
@@ -267,9 +210,9 @@ def third_party_rows() -> list[dict[str, Any]]:
     for r in third_party.CS336_STUDENT_ALLREDUCE:
         out.append({"world_size": r.world_size, "message_bytes": r.message_bytes,
                     "mean_s": r.mean_s, "claimed_gb_per_s": r.claimed_gb_per_s,
-                    "algbw_bytes_per_s": C.algorithm_bandwidth(r.message_bytes, r.mean_s),
-                    "busbw_bytes_per_s": C.bus_bandwidth("all_reduce", r.message_bytes,
-                                                         r.mean_s, r.world_size),
+                    "algbw_bytes_per_s": comms_cost.algorithm_bandwidth(r.message_bytes, r.mean_s),
+                    "busbw_bytes_per_s": comms_cost.bus_bandwidth("all_reduce", r.message_bytes,
+                                                                  r.mean_s, r.world_size),
                     "fit_2_ranks_s": fit.time_s(r.message_bytes) if r.world_size == 2 else None,
                     "size_stated": r.size_stated})
     return out
@@ -286,7 +229,7 @@ def third_party_table(rows: list[dict[str, Any]]) -> Table:
                  [[r["world_size"], mib(r),
                    num(r["mean_s"] * 1e3), r["claimed_gb_per_s"],
                    num(r["algbw_bytes_per_s"] / 1e9), num(r["busbw_bytes_per_s"] / 1e9),
-                   num(r["busbw_bytes_per_s"] / C.GIB),
+                   num(r["busbw_bytes_per_s"] / comms_cost.GIB),
                    num(r["fit_2_ranks_s"] * 1e3) if r["fit_2_ranks_s"] else ""] for r in rows])
 
 
@@ -307,11 +250,30 @@ def third_party_verdict(accelerator: hardware.Accelerator = hardware.A100_80GB_S
             f"direction ({accelerator.interconnect_name})")
 
 
+def third_party_formulas(fit: comms_cost.AlphaBeta, ranks: tuple[int, ...] = (2, 8, 64),
+                         sizes: tuple[int, ...] = (MIB, 2**30)) -> Table:
+    """The seed's two ring formulas (`comms_cost.claimed_ring_all_reduce_s`, with (n-1) latency
+    steps, and `claimed_large_message_all_reduce_s`, 2M / beta) against the ring's time, with the
+    latency and bandwidth of `fit`; asserts that the first misses exactly (n-1) alpha."""
+    ab = {"alpha_s": fit.alpha_s, "bytes_per_s": fit.bytes_per_s}
+    rows = []
+    for n in ranks:
+        for m in sizes:
+            right = comms_cost.collective_time_s("all_reduce", m, n, **ab)
+            ring = comms_cost.claimed_ring_all_reduce_s(m, n, **ab)
+            large = comms_cost.claimed_large_message_all_reduce_s(m, fit.bytes_per_s)
+            assert math.isclose(right - ring, (n - 1) * fit.alpha_s)  # half the steps missing
+            rows.append([n, num(m / MIB), num(right * 1e3), num(ring * 1e3),
+                         f"{ring / right:.2f}", num(large * 1e3), f"{large / right:.2f}"])
+    return Table(["ranks", "MiB", "2(n-1)α + 2(n-1)/n M/β (ms)", "seed: (n-1)α (ms)",
+                  "seed / right", "seed: 2M/β (ms)", "seed / right"], rows)
+
+
 EXPERIMENT = Experiment(
     name="allreduce_bench",
     chapter="08_data_parallel",
     description="all-reduce time vs size and ranks; alpha-beta fit; algorithm vs bus bandwidth",
-    gpu_seconds=60,
+    gpu_seconds=15,
     sizes=SIZES,
     run=run,
 )

@@ -3,7 +3,7 @@ training peak does not fall by half.
 
 For each preset and run (fp32, bf16 autocast, pure bf16: the policies of `experiments.amp_speed`)
 one fresh model takes a warm-up step (AdamW makes its moments), then the allocator is read
-(`memory_timeline.meter`: the CPU profiler's events or the CUDA allocator) around a forward pass
+(`memory_meter.meter`: the CPU profiler's events or the CUDA allocator) around a forward pass
 without gradients (inference) and around the phases of a training step. Beside the readings, the
 counts that explain them: model-state bytes from the policy's recipe, the bytes autograd saves
 for backward (`counters.SavedTensors`), and the bf16 copies autocast makes of every matmul
@@ -13,20 +13,21 @@ gradients or not. Used in: §sec-mixed-precision.
 
 from __future__ import annotations
 
-import gc
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from mlsys import checks, env, memory_timeline
+from mlsys import checks, env
 from mlsys.accounting.params import count_params
 from mlsys.book import Table, num
 from mlsys.counters import SavedTensors
 from mlsys.dtypes import torch_dtype
-from mlsys.experiments import Experiment
+from mlsys.experiments import Experiment, kit
 from mlsys.experiments.amp_speed import RUNS
 from mlsys.models.config import PRESETS, TransformerConfig
+from mlsys.profiling import memory_meter
+from mlsys.training import make_policy_step, next_token_loss, policy
 
 PHASES = ("inference forward", "forward", "backward", "optimizer step")
 
@@ -50,22 +51,12 @@ SIZES = {
 }
 
 
-def _is_oom(error: BaseException) -> bool:
-    text = str(error).lower()
-    return isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in text
-
-
 def _measure(meter, preset: str, label: str, s: Sizes, device: str) -> dict[str, Any]:
-    from mlsys.models.transformer import Transformer
-    from mlsys.training import make_policy_step, next_token_loss, policy
-
     name, autocast = RUNS[label]
     cfg = TransformerConfig.preset(preset)
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randint(cfg.vocab_size, (s.batch, s.seq + 1), generator=gen).to(device)
-    with torch.device(device):
-        model = Transformer(cfg)
-    model.init_weights(seed=0)
+    model = kit.fresh_model(cfg, device)
     step = make_policy_step(model, tokens, policy(name, autocast=autocast))
     step()  # the moments exist from here on
     model.zero_grad(set_to_none=True)
@@ -98,31 +89,22 @@ def _measure(meter, preset: str, label: str, s: Sizes, device: str) -> dict[str,
 def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
     """Every preset x run: its counts (a "run" row) and its phases (the meter's rows)."""
     device = device or env.device()
-    meter = memory_timeline.meter(device)
+    meter = memory_meter.meter(device)
     rows: list[dict[str, Any]] = [{"kind": "setup", "device": env.device_name(),
                                    "device_type": device, "method": meter.method,
                                    "batch": s.batch, "seq": s.seq}]
     for preset in s.presets:
         for label in RUNS:
-            try:
+            with kit.OutOfMemory() as oom:
                 rows.append(_measure(meter, preset, label, s, device))
-            except (RuntimeError, torch.cuda.OutOfMemoryError) as error:
-                if not _is_oom(error):
-                    raise
+            if oom.happened:
                 rows.append({"kind": "run", "preset": preset, "run": label,
-                             "status": "out of memory"})
-            finally:
-                gc.collect()
-                if device == "cuda":
-                    torch.cuda.empty_cache()
+                             "status": kit.OUT_OF_MEMORY})
+            kit.free(device)
     return rows + meter.rows
 
 
 # --- reading the rows (live or recorded) ----------------------------------------------------------
-
-
-def setup(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    return next(r for r in rows if r["kind"] == "setup")
 
 
 def runs(rows: list[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:

@@ -13,7 +13,6 @@ what runs, never a speed-up; the GPU record answers the speed question. Used in:
 
 from __future__ import annotations
 
-import gc
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,8 +23,10 @@ from mlsys.accounting import flops
 from mlsys.accounting.params import count_params
 from mlsys.book import Table, compare_speed, num, verdict
 from mlsys.dtypes import torch_dtype
-from mlsys.experiments import Experiment, timing_fields, timing_of
+from mlsys.experiments import Experiment, kit, timing_fields, timing_of
+from mlsys.experiments.kit import setup
 from mlsys.models.config import PRESETS, TransformerConfig
+from mlsys.training import make_policy_step, next_token_loss, policy
 
 RUNS = {"fp32": ("fp32_adamw", None), "bf16 autocast": ("fp32_adamw", "bf16"),
         "pure bf16": ("bf16_pure_adamw", None)}
@@ -56,21 +57,8 @@ SIZES = {
 }
 
 
-def _is_oom(error: BaseException) -> bool:
-    text = str(error).lower()
-    return isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in text
-
-
-def _free(device: str) -> None:
-    gc.collect()
-    if device == "cuda":
-        torch.cuda.empty_cache()
-
-
 def _callables(step, tokens: torch.Tensor) -> dict[str, Any]:
     """forward, forward+backward and the policy's step on `tokens`."""
-    from mlsys.training import next_token_loss
-
     model, chosen = step.model, step.policy
     low = torch_dtype(chosen.compute_dtype)
 
@@ -102,9 +90,6 @@ def _peak_bytes(fn, model, device: str) -> int | None:
 
 def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
     """Every preset x run x length row (or its out-of-memory record)."""
-    from mlsys.models.transformer import Transformer
-    from mlsys.training import make_policy_step, policy
-
     device = device or env.device()
     gen = torch.Generator().manual_seed(0)
     rows: list[dict[str, Any]] = [{"kind": "setup", "device": env.device_name(),
@@ -119,10 +104,8 @@ def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
                     "n_params": count_params(cfg)}
             done: set[int] = set()
             model = step = None
-            try:
-                with torch.device(device):
-                    model = Transformer(cfg)
-                model.init_weights(seed=0)
+            with kit.OutOfMemory() as oom:
+                model = kit.fresh_model(cfg, device)
                 step = make_policy_step(model, batches[seqs[0]], policy(name, autocast=autocast))
                 for seq in seqs:
                     fns = _callables(step, batches[seq])
@@ -137,22 +120,15 @@ def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
                         row[f"{mode} peak_bytes"] = _peak_bytes(fns[mode], model, device)
                     rows.append(row)
                     done.add(seq)
-            except (RuntimeError, torch.cuda.OutOfMemoryError) as error:
-                if not _is_oom(error):
-                    raise
-                rows += [{**base, "seq": q, "status": "out of memory"} for q in seqs
+            if oom.happened:
+                rows += [{**base, "seq": q, "status": kit.OUT_OF_MEMORY} for q in seqs
                          if q not in done]
-            finally:
-                del model, step
-                _free(device)
+            del model, step
+            kit.free(device)
     return rows
 
 
 # --- reading the rows (live or recorded) ----------------------------------------------------------
-
-
-def setup(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    return next(r for r in rows if r["kind"] == "setup")
 
 
 def measured(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -235,7 +211,7 @@ def verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
 
 def plot(rows: list[dict[str, Any]], ax, *, mode: str = "step") -> None:
     """Time per `mode` against length, one line per preset and run."""
-    from mlsys.plotting import CYCLE, finish
+    from mlsys.plotting import CYCLE, finish  # matplotlib: only when a page draws
 
     ok = measured(rows)
     styles = dict(zip(RUNS, ("o-", "s--", "^:"), strict=True))

@@ -2,7 +2,7 @@
 
 The same model (same initial weights, same batch) is built once per backend of
 `models.config.ATTENTION_BACKENDS`; each takes a warm-up step, then one step read by
-`memory_timeline.meter` (the peak above what is resident, and the forward's saved bytes against
+`memory_meter.meter` (the peak above what is resident, and the forward's saved bytes against
 `accounting.activations.saved_bytes`), then all the steps are timed round-robin. The attention
 backends change only what one attention call keeps and moves, so the differences between rows are
 the n x n matrices of the naive backend. On a CPU the Triton kernel would run in the interpreter:
@@ -11,18 +11,19 @@ it is left out there. Used in: §sec-attention.
 
 from __future__ import annotations
 
-import gc
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from mlsys import bench, env, memory_timeline
+from mlsys import bench, env
 from mlsys.accounting import activations
 from mlsys.book import Table, compare_speed, num, verdict
-from mlsys.counters import SavedTensors
-from mlsys.experiments import Experiment, timing_fields, timing_of
+from mlsys.experiments import Experiment, kit, timing_fields, timing_of
+from mlsys.experiments.kit import setup
 from mlsys.models.config import TransformerConfig
+from mlsys.profiling import memory_meter
+from mlsys.training import make_train_step
 
 
 @dataclass(frozen=True)
@@ -46,39 +47,24 @@ SIZES = {
 
 def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
     """A memory reading and a timing per backend (a backend that fails to run is recorded)."""
-    from mlsys.models.transformer import Transformer
-    from mlsys.training import make_train_step, next_token_loss
-
     device = device or env.device()
     backends = [b for b in s.backends if b != "flash_triton" or device == "cuda"]
     gen = torch.Generator().manual_seed(0)
     base = TransformerConfig.preset(s.preset)
     tokens = torch.randint(base.vocab_size, (s.batch, s.seq + 1), generator=gen).to(device)
-    low = torch.bfloat16
     rows: list[dict[str, Any]] = [{"kind": "setup", "device": env.device_name(),
                                    "device_type": device, "preset": s.preset, "batch": s.batch,
                                    "seq": s.seq, "autocast": s.autocast}]
     steps = {}
     for backend in backends:
         cfg = TransformerConfig.preset(s.preset, attention=backend)
-        with torch.device(device):
-            model = Transformer(cfg)
-        model.init_weights(seed=0)
+        model = kit.fresh_model(cfg, device)
         optimizer = torch.optim.AdamW(model.parameters())
         step = make_train_step(model, optimizer, tokens, autocast_dtype=s.autocast)
         step()  # AdamW's moments exist from here on
-        meter = memory_timeline.meter(device)
-        counter = SavedTensors(model)
-        with meter.recording():
-            with meter.phase("forward"), counter:
-                with torch.autocast(device, dtype=low, enabled=s.autocast is not None):
-                    loss = next_token_loss(model, tokens)
-            with meter.phase("backward"):
-                loss.backward()
-                del loss
-            with meter.phase("optimizer"):
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
+        meter = memory_meter.meter(device)
+        counter = kit.metered_step(meter, model, optimizer, tokens,
+                                   autocast=s.autocast is not None)  # bf16 autocast
         peak = max(meter.rows, key=lambda r: r["peak_bytes"])
         rows.append({"kind": "memory", "backend": backend, "saved_bytes": counter.activation_bytes,
                      "peak_bytes": peak["peak_bytes"], "peak_phase": peak["phase"]})
@@ -87,15 +73,11 @@ def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
     rows.append({"kind": "time", "problems": bench.noise_problems(timings),
                  **{b: timing_fields(t) for b, t in timings.items()}})
     del steps
-    gc.collect()
+    kit.free(device)
     return rows
 
 
 # --- reading the rows (live or recorded) ----------------------------------------------------------
-
-
-def setup(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    return next(r for r in rows if r["kind"] == "setup")
 
 
 def memory(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -112,7 +94,7 @@ def predicted_saved(rows: list[dict[str, Any]], backend: str) -> int | None:
 
 
 def table(rows: list[dict[str, Any]]) -> Table:
-    times = next(r for r in rows if r["kind"] == "time")
+    times = kit.first(rows, "time")
     body = []
     for backend, m in memory(rows).items():
         t = times[backend]
@@ -127,7 +109,7 @@ def table(rows: list[dict[str, Any]]) -> Table:
 
 def verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
     """Each fused backend against naive: memory (always) and time (withheld when noisy)."""
-    mem, times = memory(rows), next(r for r in rows if r["kind"] == "time")
+    mem, times = memory(rows), kit.first(rows, "time")
     naive = mem["naive"]
     parts_m, parts_t = [], []
     for backend, m in mem.items():
@@ -148,7 +130,7 @@ EXPERIMENT = Experiment(
     name="attention_model_step",
     chapter="06_attention",
     description="a training step of the model with each attention backend: time, saved bytes, peak",
-    gpu_seconds=90,
+    gpu_seconds=70,
     sizes=SIZES,
     run=run,
 )

@@ -3,7 +3,7 @@
 One head, a batch of sequences, head dims and lengths as in the CS336 assignment's
 `pytorch_attention` question (batch 8, d in {16, 32, 64, 128}, 256 to 16,384 tokens on a GPU). Per
 row: the forward and the forward + backward timed round-robin (backward = their difference), and
-the memory of one forward and backward read by `memory_timeline.meter` from fresh inputs: what is
+the memory of one forward and backward read by `memory_meter.meter` from fresh inputs: what is
 live when the forward ends (what autograd keeps for the backward) and the peak during the
 backward, both above the inputs. Each is predicted before it is read
 (`accounting.attention.naive_memory`). The same function compiled (`torch.compile`) is a second
@@ -14,17 +14,19 @@ Used in: §sec-attention.
 
 from __future__ import annotations
 
-import gc
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from mlsys import bench, env, memory_timeline
-from mlsys.accounting import attention as A
+from mlsys import bench, env
+from mlsys.accounting import attention as attention_cost
 from mlsys.book import Table, num, verdict
 from mlsys.dtypes import torch_dtype
-from mlsys.experiments import Experiment, timing_fields, timing_of
+from mlsys.experiments import Experiment, kit, timing_fields, timing_of
+from mlsys.experiments.kit import setup
+from mlsys.ops.attention import naive_attention
+from mlsys.profiling import memory_meter
 
 VARIANTS = ("eager", "compiled")
 
@@ -49,18 +51,6 @@ SIZES = {
 }
 
 
-def _is_oom(error: BaseException) -> bool:
-    text = str(error).lower()
-    return isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in text \
-        or "can't allocate memory" in text
-
-
-def _free(device: str) -> None:
-    gc.collect()
-    if device == "cuda":
-        torch.cuda.empty_cache()
-
-
 def _inputs(s: Sizes, seq: int, d: int, device: str, gen: torch.Generator):
     shape = (s.batch, 1, seq, d)
     dtype = torch_dtype(s.dtype)
@@ -72,7 +62,7 @@ def _inputs(s: Sizes, seq: int, d: int, device: str, gen: torch.Generator):
 def _memory(fn, s: Sizes, seq: int, d: int, device: str, gen) -> dict[str, int]:
     """One forward and backward from fresh inputs, read by a meter (bytes above the inputs)."""
     q, k, v, grad = _inputs(s, seq, d, device, gen)
-    meter = memory_timeline.meter(device)
+    meter = memory_meter.meter(device)
     with meter.recording():
         with meter.phase("forward"):
             out = fn(q, k, v)
@@ -99,8 +89,6 @@ def _timings(fn, s: Sizes, seq: int, d: int, device: str, gen) -> dict[str, benc
 
 def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
     """Every variant x head dim x length (out-of-memory rows kept, longer lengths skipped)."""
-    from mlsys.models.attention import naive_attention
-
     device = device or env.device()
     gen = torch.Generator().manual_seed(0)
 
@@ -109,8 +97,7 @@ def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
 
     variants = {"eager": eager}
     if s.compile:
-        torch._dynamo.reset()
-        variants["compiled"] = torch.compile(eager, dynamic=False)
+        variants["compiled"] = kit.compile_fresh(eager, dynamic=False)
     rows: list[dict[str, Any]] = [{"kind": "setup", "device": env.device_name(),
                                    "device_type": device, "batch": s.batch, "dtype": s.dtype,
                                    "causal": s.causal, "compiled": s.compile}]
@@ -122,32 +109,25 @@ def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
                 if failed:
                     rows.append({**row, "status": "skipped (a shorter length ran out of memory)"})
                     continue
-                try:
+                with kit.OutOfMemory() as oom:
                     if name == "compiled":  # compile outside the measurements
                         q, k, v, grad = _inputs(s, seq, d, device, gen)
                         fn(q, k, v).backward(grad)
                         del q, k, v, grad
                     memory = _memory(fn, s, seq, d, device, gen)
                     timings = _timings(fn, s, seq, d, device, gen)
-                except (RuntimeError, torch.cuda.OutOfMemoryError) as error:
-                    if not _is_oom(error):
-                        raise
-                    rows.append({**row, "status": "out of memory"})
+                if oom.happened:
+                    rows.append({**row, "status": kit.OUT_OF_MEMORY})
                     failed = True
-                    _free(device)
-                    continue
-                rows.append({**row, "status": "ok", **memory,
-                             "problems": bench.noise_problems(timings),
-                             **{m: timing_fields(t) for m, t in timings.items()}})
-                _free(device)
+                else:
+                    rows.append({**row, "status": "ok", **memory,
+                                 "problems": bench.noise_problems(timings),
+                                 **{m: timing_fields(t) for m, t in timings.items()}})
+                kit.free(device)
     return rows
 
 
 # --- reading the rows (live or recorded) ----------------------------------------------------------
-
-
-def setup(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    return next(r for r in rows if r["kind"] == "setup")
 
 
 def measured(rows: list[dict[str, Any]], variant: str | None = None) -> list[dict[str, Any]]:
@@ -155,10 +135,10 @@ def measured(rows: list[dict[str, Any]], variant: str | None = None) -> list[dic
             and variant in (None, r["variant"])]
 
 
-def predicted(rows: list[dict[str, Any]], r: dict[str, Any]) -> A.NaiveMemory:
+def predicted(rows: list[dict[str, Any]], r: dict[str, Any]) -> attention_cost.NaiveMemory:
     st = setup(rows)
-    return A.naive_memory(st["batch"], 1, r["seq"], r["seq"], r["d_head"], st["dtype"],
-                          causal=st["causal"])
+    return attention_cost.naive_memory(st["batch"], 1, r["seq"], r["seq"], r["d_head"],
+                                       st["dtype"], causal=st["causal"])
 
 
 def backward_s(r: dict[str, Any]) -> float:
@@ -230,7 +210,7 @@ def verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
 def plot(rows: list[dict[str, Any]], axes) -> None:
     """Left: forward + backward time by length; right: memory before and during the backward,
     with the eager prediction dotted."""
-    from mlsys.plotting import COLORS, CYCLE, finish
+    from mlsys.plotting import COLORS, CYCLE, finish  # matplotlib: only when a page draws
 
     for color, (variant, d) in zip(CYCLE, dict.fromkeys((r["variant"], r["d_head"])
                                                         for r in measured(rows)), strict=False):
@@ -262,7 +242,7 @@ EXPERIMENT = Experiment(
     name="attention_sweep",
     chapter="06_attention",
     description="naive attention, eager and compiled: time and memory by length and head dim",
-    gpu_seconds=150,
+    gpu_seconds=160,
     sizes=SIZES,
     run=run,
 )

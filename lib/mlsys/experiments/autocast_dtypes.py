@@ -21,10 +21,11 @@ from torch import nn
 
 from mlsys import checks, env
 from mlsys.book import Table
-from mlsys.dtype_recorder import DtypeRecorder
 from mlsys.dtypes import torch_dtype
-from mlsys.experiments import Experiment
+from mlsys.experiments import Experiment, kit
 from mlsys.models.config import PRESETS, TransformerConfig
+from mlsys.numerics.dtype_recorder import DtypeRecorder
+from mlsys.training import next_token_loss
 
 DTYPES = ("bf16", "fp16")
 SEED_FP16_ANSWER = {"parameters": "fp32", "fc1 output": "fp16", "ln output": "fp32",
@@ -91,9 +92,6 @@ def _rows(rec: DtypeRecorder, model_name: str, dtype: str) -> list[dict[str, Any
 
 def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
     """The recorder's rows for both models under each autocast dtype."""
-    from mlsys.models.transformer import Transformer
-    from mlsys.training import next_token_loss
-
     device = device or env.device()
     gen = torch.Generator().manual_seed(0)
     rows: list[dict[str, Any]] = [{"kind": "setup", "device": env.device_name(),
@@ -104,9 +102,7 @@ def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
     tokens = torch.randint(cfg.vocab_size, (s.batch, s.seq + 1), generator=gen).to(device)
     torch.manual_seed(0)
     toy = ToyModel(s.toy_in, s.toy_out).to(device)
-    with torch.device(device):
-        book = Transformer(cfg)
-    book.init_weights(seed=0)
+    book = kit.fresh_model(cfg, device)
     for dtype in DTYPES:
         rows += _rows(record(toy, lambda m: F.cross_entropy(m(x), y), dtype, device), "toy",
                       dtype)

@@ -17,18 +17,20 @@ launch. This experiment measures both, per preset, on one fp32 model with AdamW:
 
 from __future__ import annotations
 
-import gc
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from mlsys import bench, checks, env, third_party
+from mlsys.accounting.params import count_params
 from mlsys.book import Table, num, verdict
 from mlsys.counters import ByteCounter
-from mlsys.experiments import Experiment, timing_fields, timing_of
+from mlsys.experiments import Experiment, kit, timing_fields, timing_of
+from mlsys.experiments.kit import setup
 from mlsys.models.config import PRESETS, TransformerConfig
 from mlsys.probes import copy_probe, op_overhead_probe
+from mlsys.training import make_train_step, next_token_loss
 
 RUNS = ("fp32", "bf16 autocast")
 PHASES = ("forward", "backward", "optimizer")
@@ -59,12 +61,6 @@ SIZES = {
 }
 
 
-def _free(device: str) -> None:
-    gc.collect()
-    if device == "cuda":
-        torch.cuda.empty_cache()
-
-
 def _casts(counter: ByteCounter) -> tuple[int, int]:
     ops = [o for o in counter.ops if o.op == "_to_copy"]
     return len(ops), sum(o.read_bytes + o.write_bytes for o in ops)
@@ -72,8 +68,6 @@ def _casts(counter: ByteCounter) -> tuple[int, int]:
 
 def _count(model, optimizer, tokens: torch.Tensor, autocast: bool) -> list[dict[str, Any]]:
     """One step with a `ByteCounter` per phase: ops, casts and their bytes."""
-    from mlsys.training import next_token_loss
-
     counters = {phase: ByteCounter() for phase in PHASES}
     with counters["forward"]:
         with torch.autocast(tokens.device.type, dtype=torch.bfloat16, enabled=autocast):
@@ -93,9 +87,6 @@ def _count(model, optimizer, tokens: torch.Tensor, autocast: bool) -> list[dict[
 
 def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
     """Per preset: op counts per phase and run, then every timing round-robin."""
-    from mlsys.models.transformer import Transformer
-    from mlsys.training import make_train_step
-
     device = device or env.device()
     gen = torch.Generator().manual_seed(0)
     rows: list[dict[str, Any]] = [{"kind": "setup", "device": env.device_name(),
@@ -104,9 +95,7 @@ def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
     tiny = op_overhead_probe(1, ops_per_call=OPS_PER_PROBE, device=device)
     for preset in bench.progress(s.presets, desc="presets"):
         cfg = TransformerConfig.preset(preset)
-        with torch.device(device):
-            model = Transformer(cfg)
-        model.init_weights(seed=0)
+        model = kit.fresh_model(cfg, device)
         optimizer = torch.optim.AdamW(model.parameters())
         weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
         weight_params = sum(w.numel() for w in weights)
@@ -138,15 +127,11 @@ def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
                      "problems": bench.noise_problems(timings),
                      "timings": {name: timing_fields(t) for name, t in timings.items()}})
         del model, optimizer, weights, fns
-        _free(device)
+        kit.free(device)
     return rows
 
 
 # --- reading the rows (live or recorded) ----------------------------------------------------------
-
-
-def setup(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    return next(r for r in rows if r["kind"] == "setup")
 
 
 def presets(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -243,8 +228,6 @@ def seed_verdict() -> str:
     large_bf16, large_fp32 = rows[("large", 128, "bf16")], rows[("large", 128, "fp32")]
     big = rows[("2.7B", 128, "bf16")]
     layers = TransformerConfig.preset("2.7B").n_layers / TransformerConfig.preset("large").n_layers
-    from mlsys.accounting.params import count_params
-
     params = count_params(TransformerConfig.preset("2.7B")) / count_params(
         TransformerConfig.preset("large"))
     flat = rows[("large", 512, "bf16")].forward_s / large_bf16.forward_s

@@ -23,6 +23,8 @@ from pathlib import Path
 from statistics import median
 from typing import Any
 
+import torch
+
 from mlsys import env, hardware, plotting, probes
 from mlsys.accounting import planner
 from mlsys.accounting.parallel import ParallelDims
@@ -113,8 +115,6 @@ def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
     device = device or env.device()
     available = None
     if device == "cuda":
-        import torch
-
         available = torch.cuda.device_count()
     rows: list[dict[str, Any]] = []
     for world in s.world_sizes:

@@ -21,8 +21,10 @@ import torch
 
 from mlsys import bench, env
 from mlsys.book import Table, compare_speed, num, verdict
-from mlsys.experiments import Experiment, timing_fields, timing_of
+from mlsys.experiments import Experiment, kit, timing_fields, timing_of
 from mlsys.models.config import TransformerConfig
+from mlsys.models.transformer import Transformer
+from mlsys.training import next_token_loss
 
 MODES = ("forward", "forward+backward", "step")
 
@@ -47,14 +49,12 @@ SIZES = {
 
 def _graphs() -> int:
     """Graphs TorchDynamo has compiled in this process (its own counter)."""
-    from torch._dynamo.utils import counters
+    from torch._dynamo.utils import counters  # heavy (seconds): only once a compile has run
 
     return int(counters["stats"]["unique_graphs"])
 
 
 def _modes(model, optimizer, tokens: torch.Tensor) -> dict[str, Any]:
-    from mlsys.training import next_token_loss
-
     def forward() -> None:
         model(tokens[:, :-1])
 
@@ -71,8 +71,6 @@ def _modes(model, optimizer, tokens: torch.Tensor) -> dict[str, Any]:
 
 
 def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
-    from mlsys.models.transformer import Transformer
-
     device = device or env.device()
     gen = torch.Generator().manual_seed(0)
     model = Transformer(s.model).to(device)
@@ -87,8 +85,7 @@ def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
         rows += [{"kind": "mode", "mode": m, "eager": timing_fields(timings[m]), "compiled": None}
                  for m in MODES]
         return rows + [{"kind": "setup", "compiled": False, "seq": s.seqs[0]}]
-    torch._dynamo.reset()
-    compiled_model = torch.compile(model)
+    compiled_model = kit.compile_fresh(model)
     compiled = _modes(compiled_model, optimizer, tokens)
     for mode in MODES:
         first = [bench.benchmark(compiled[mode], warmup=0, repeats=1, device=device).median_s

@@ -3,15 +3,15 @@
 `rows x cols` dot products per length K of uniform [0, 1) inputs, every one compared with its exact
 value (integer arithmetic: each fp16 or fp8 input in [0, 1] is a whole multiple of 2^-24, so the
 scaled products and their sums are exact in int64 up to K = 2^14). Summed four ways on the CPU,
-where every rounding is the format's own (`mlsys.summation`): fp16 products added in an fp16
-running sum, the same with Kahan's compensation, exact products added in fp32; and by the device's
-own matrix multiply: `torch.matmul` on fp16 inputs and `torch._scaled_mm` on fp8 e4m3 inputs with an
-fp32 output. On a CUDA GPU two more: `torch.mm(..., out_dtype=float32)` shows the fp16 tensor-core
-accumulator without the final rounding to fp16, and `_scaled_mm` with `use_fast_accum=True` lets
-the fp8 tensor cores accumulate without periodic promotion to fp32 (cuBLAS's "fast accumulation").
-Positive inputs are the hard case for a running sum: nothing cancels, every partial sum grows.
-References: Higham (2002), ch. 3-4; Kahan (1965); DeepSeek-AI, DeepSeek-V3 technical report (2024),
-sec. 3.3.2. Used in: §sec-precision.
+where every rounding is the format's own (`mlsys.numerics.summation`): fp16 products added in an
+fp16 running sum, the same with Kahan's compensation, exact products added in fp32; and by the
+device's own matrix multiply: `torch.matmul` on fp16 inputs and `torch._scaled_mm` on fp8 e4m3
+inputs with an fp32 output. On a CUDA GPU two more: `torch.mm(..., out_dtype=float32)` shows the
+fp16 tensor-core accumulator without the final rounding to fp16, and `_scaled_mm` with
+`use_fast_accum=True` lets the fp8 tensor cores accumulate without periodic promotion to fp32
+(cuBLAS's "fast accumulation"). Positive inputs are the hard case for a running sum: nothing
+cancels, every partial sum grows. References: Higham (2002), ch. 3-4; Kahan (1965); DeepSeek-AI,
+DeepSeek-V3 technical report (2024), sec. 3.3.2. Used in: §sec-precision.
 """
 
 from __future__ import annotations
@@ -24,10 +24,11 @@ from typing import Any
 import torch
 
 from mlsys import checks, env
-from mlsys import summation as S
 from mlsys.book import Table
 from mlsys.experiments import Experiment
-from mlsys.precision import FORMATS
+from mlsys.experiments.kit import setup
+from mlsys.numerics import summation
+from mlsys.numerics.precision import FORMATS
 
 SCALE_BITS = 24  # fp16 and fp8 values in [0, 1] are whole multiples of 2^-24 (fp16 subnormal step)
 MAX_K = 2**14  # K * (2^24)^2 < 2^63: exact int64 sums of scaled products up to this length
@@ -141,8 +142,8 @@ def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
         exact16 = _exact(a16, b16)
         products = a16[:, None, :] * b16.t()[None, :, :]  # (rows, cols, K), each rounded to fp16
         exact_products = a16.float()[:, None, :] * b16.t().float()[None, :, :]  # exact in fp32
-        loops = (S.sequential_sum(products, "fp16"), S.kahan_sum(products, "fp16"),
-                 S.sequential_sum(exact_products, "fp32"))
+        loops = (summation.sequential_sum(products, "fp16"), summation.kahan_sum(products, "fp16"),
+                 summation.sequential_sum(exact_products, "fp32"))
         for (name, acc), value in zip(LOOPS.items(), loops, strict=True):
             rows.append({"kind": "dot", "method": name, "inputs": "fp16", "output": acc,
                          "where": "cpu", "K": k, **_errors(value, exact16)})
@@ -168,10 +169,6 @@ def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
 # --- reading the rows (live or recorded) ----------------------------------------------------------
 
 
-def setup(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    return next(r for r in rows if r["kind"] == "setup")
-
-
 def curves(rows: list[dict[str, Any]]) -> dict[str, list[tuple[int, float]]]:
     """method -> [(K, max relative error)], in the order the rows give them."""
     out: dict[str, list[tuple[int, float]]] = {}
@@ -189,7 +186,7 @@ def unsupported(rows: list[dict[str, Any]]) -> dict[str, str]:
 def higham_bound(k: int, accumulator: str, *, rounded_products: bool) -> float:
     """Higham's bound on the relative error of a left-to-right dot product of positive terms:
     gamma_(K-1) with exact products, gamma_K when each product is rounded to the accumulator too."""
-    return S.recursive_sum_error_bound(k + (1 if rounded_products else 0), accumulator)
+    return summation.recursive_sum_error_bound(k + (1 if rounded_products else 0), accumulator)
 
 
 def table(rows: list[dict[str, Any]]) -> Table:
@@ -232,7 +229,7 @@ def accumulator_verdict(rows: list[dict[str, Any]], method: str) -> str:
 
 def plot(rows: list[dict[str, Any]], ax, *, title: str) -> None:
     """Max relative error against K for every method, Higham's bounds dashed where they are < 1."""
-    from mlsys import plotting
+    from mlsys import plotting  # matplotlib: only when a page draws
 
     c = curves(rows)
     styles = zip(plotting.CYCLE * 2, plotting.MARKERS, c.items(), strict=False)
@@ -257,6 +254,24 @@ def describe(rows: list[dict[str, Any]]) -> str:
     """"rows x cols dot products per K on DEVICE" for captions."""
     s = setup(rows)
     return f"{s['rows'] * s['cols']:,} dot products per K, matmuls on {s['device']}"
+
+
+def device_verdicts(rows: list[dict[str, Any]]) -> str:
+    """`accumulator_verdict` of every device matmul, in one sentence."""
+    return "; ".join(accumulator_verdict(rows, m) for m in curves(rows) if m not in LOOPS)
+
+
+def headline(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The page's numbers: how many dot products, the largest K, the loops' errors there (Kahan's
+    also in fp16 unit roundoffs) and `device_verdicts`."""
+    s, last = setup(rows), {m: errs[-1] for m, errs in curves(rows).items()}
+    k_max, fp32 = last["exact products, fp32 sum"]
+    kahan = last["fp16 products, Kahan fp16 sum"][1]
+    return {"dot_count": s["rows"] * s["cols"], "dot_k_max": k_max,
+            "dot_fp16_error": last["fp16 products, fp16 sum"][1], "dot_kahan_error": kahan,
+            "dot_kahan_u": kahan / FORMATS["fp16"].unit_roundoff,
+            "dot_fp32_error": fp32,
+            "dot_device_verdicts": device_verdicts(rows)}
 
 
 EXPERIMENT = Experiment(

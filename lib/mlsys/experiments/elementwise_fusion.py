@@ -12,6 +12,8 @@ The two roofs are measured in the same interleaved run, independently of the swe
 copy bandwidth (`mlsys.probes.copy_probe`) and the vector roof, the fused chain at a large k on a
 tensor small enough to stay in cache, so that memory is out of the way (never a roof fitted from
 the sweep itself). On a GPU the spec's fp32 CUDA-core peak is shown beside it.
+Longer than 300 lines, and one module: the sweep, cos(cos(x)) and both roofs are timed in one
+interleaved run that is repeated until consistent, so they share one record and its readers.
 Used in: §sec-bytes.
 """
 
@@ -24,7 +26,7 @@ import torch
 
 from mlsys import bench, env, hardware, roofline
 from mlsys.book import Table, compare_speed, num, verdict
-from mlsys.experiments import Experiment, timing_fields
+from mlsys.experiments import Experiment, kit, timing_fields
 from mlsys.probes import Probe, copy_probe
 
 
@@ -52,12 +54,12 @@ DTYPE = "fp32"  # fma in fp32 arithmetic: the vector units' fp32 rate is the com
 
 def _fused_chain(k: int, device: str):
     """One fused kernel for the k-step chain: Triton on a GPU, torch.compile elsewhere."""
-    from mlsys.kernels import elementwise
+    from mlsys.kernels import elementwise  # Triton (may be absent): where a kernel runs
 
     if device == "cuda":
         return lambda t: elementwise.repeat_unary(t, k, "fma")
-    torch._dynamo.reset()  # k is baked into the unrolled chain: a fresh graph per k
-    return torch.compile(lambda t: elementwise.repeat_unary_ref(t, k, "fma"), dynamic=False)
+    # k is baked into the unrolled chain: a fresh graph per k
+    return kit.compile_fresh(lambda t: elementwise.repeat_unary_ref(t, k, "fma"), dynamic=False)
 
 
 def _cos_cos(t: torch.Tensor) -> torch.Tensor:
@@ -66,7 +68,7 @@ def _cos_cos(t: torch.Tensor) -> torch.Tensor:
 
 def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
     """Measure the sweep, cos(cos(x)) and both roofs, interleaved, until consistent."""
-    from mlsys.kernels import elementwise
+    from mlsys.kernels import elementwise  # Triton (may be absent): where a kernel runs
 
     device = device or env.device()
     gen = torch.Generator().manual_seed(0)
@@ -97,8 +99,7 @@ def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
     cos = {"eager x.cos().cos() (2 ops)": ("eager", lambda: _cos_cos(x)),
            "eager x.cos() (1 op, for scale)": ("eager, one op", lambda: x.cos())}
     if impl == "torch.compile":
-        torch._dynamo.reset()
-        compiled = torch.compile(_cos_cos, dynamic=False)
+        compiled = kit.compile_fresh(_cos_cos, dynamic=False)
         torch.testing.assert_close(compiled(x), _cos_cos(x))
         cos["torch.compile (1 fused kernel)"] = ("fused", lambda: compiled(x))
     if impl == "triton":
@@ -146,15 +147,13 @@ def _roof(timings: dict[str, bench.Timing], probes: dict[str, Probe]) -> rooflin
 
 
 def consistency(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    return next(r for r in rows if r["kind"] == "consistency")
+    return kit.first(rows, "consistency")
 
 
 def ceilings(rows: list[dict[str, Any]]) -> roofline.Ceilings | None:
     """Copy bandwidth and the in-cache vector roof of the run; None when nothing was fused."""
-    probes = [r for r in rows if r["kind"] == "probe"]
-    bw = max(r["work"] / r["median_s"] for r in probes if r["unit"] == "bytes")
-    flop = [r["work"] / r["median_s"] for r in probes if r["unit"] == "flop"]
-    return roofline.Ceilings(max(flop), bw, "measured") if flop else None
+    flop = [r["work"] / r["median_s"] for r in rows if r["kind"] == "probe" and r["unit"] == "flop"]
+    return roofline.Ceilings(max(flop), copy_bandwidth(rows), "measured") if flop else None
 
 
 def copy_bandwidth(rows: list[dict[str, Any]]) -> float:
@@ -275,7 +274,7 @@ def cos_verdict(rows: list[dict[str, Any]]) -> str:
 def plot(rows: list[dict[str, Any]], axes, *,
          accelerator: hardware.Accelerator | None = None) -> None:
     """Achieved FLOP/s and bytes/s against k: measured, predicted, and the two roofs."""
-    from mlsys.plotting import COLORS, finish
+    from mlsys.plotting import COLORS, finish  # matplotlib: only when a page draws
 
     ax1, ax2 = axes
     roof = ceilings(rows)

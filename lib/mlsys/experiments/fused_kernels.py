@@ -23,7 +23,7 @@ import torch
 from mlsys import bench, env
 from mlsys.book import Table
 from mlsys.dtypes import torch_dtype
-from mlsys.experiments import Experiment, timing_fields
+from mlsys.experiments import Experiment, kit, timing_fields
 from mlsys.probes import copy_probe
 
 
@@ -51,7 +51,7 @@ interpreter on a CPU is never timed for speed, so there each sample is one call.
 
 
 def _implementations(kernel: str) -> dict[str, Any]:
-    from mlsys.kernels import elementwise, rmsnorm, softmax
+    from mlsys.kernels import elementwise, rmsnorm, softmax  # Triton (may be absent)
 
     return {
         "cos_cos": {"triton": lambda t: elementwise.repeat_unary(t, 2, "cos"), "eager": _cos_cos,
@@ -91,7 +91,7 @@ def _rows(kernel: str, group: dict, copy, **fields: Any) -> list[dict[str, Any]]
 
 
 def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
-    from mlsys.kernels import elementwise, rmsnorm, softmax
+    from mlsys.kernels import elementwise, rmsnorm, softmax  # Triton (may be absent)
 
     device = device or ("cuda" if env.device() == "cuda" else "cpu")
     gen = torch.Generator().manual_seed(0)
@@ -101,9 +101,8 @@ def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
     def implementations(kernel: str) -> dict[str, Any]:
         fns = dict(_implementations(kernel))
         if "compiled" in fns:
-            if s.compile:
-                torch._dynamo.reset()  # earlier shapes must not use up the recompile limit
-                fns["compiled"] = torch.compile(fns["compiled"], dynamic=False)
+            if s.compile:  # afresh: earlier shapes must not use up the recompile limit
+                fns["compiled"] = kit.compile_fresh(fns["compiled"], dynamic=False)
             else:
                 del fns["compiled"]
         return fns

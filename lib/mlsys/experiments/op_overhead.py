@@ -20,7 +20,7 @@ import torch
 
 from mlsys import bench, env, roofline
 from mlsys.book import Table, compare_speed, num, verdict
-from mlsys.experiments import Experiment, timing_fields
+from mlsys.experiments import Experiment, kit, timing_fields
 from mlsys.probes import copy_probe, op_overhead_probe
 
 
@@ -48,7 +48,7 @@ SMALLEST = 4
 
 
 def _chain(t: torch.Tensor, k: int) -> torch.Tensor:
-    from mlsys.kernels import elementwise
+    from mlsys.kernels import elementwise  # Triton (may be absent): its module imports it
 
     return elementwise.repeat_unary_ref(t, k, "fma")
 
@@ -96,8 +96,7 @@ def _remedies(s: Sizes, device: str, time: dict) -> list[dict[str, Any]]:
                (s.chain_numel * s.big_factor, lambda: _chain(big, s.chain_len))}
     notes = {}
     if s.compile:
-        torch._dynamo.reset()
-        compiled = torch.compile(lambda t: _chain(t, s.chain_len), dynamic=False)
+        compiled = kit.compile_fresh(lambda t: _chain(t, s.chain_len), dynamic=False)
         torch.testing.assert_close(compiled(small), _chain(small, s.chain_len))
         fns["torch.compile: one fused kernel"] = (s.chain_numel, lambda: compiled(small))
     else:
@@ -206,7 +205,7 @@ def remedy_table(rows: list[dict[str, Any]]) -> Table:
 
 def verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
     """The doubling test and the remedies, in words computed from the numbers."""
-    c = next(r for r in rows if r["kind"] == "consistency")
+    c = kit.first(rows, "consistency")
     m, d = model(rows), doubling(rows)
     small = [n for n in d if m.time_s(n) < 2 * m.overhead_s]
     flat = [n for n in d if d[n] < 1.25]
@@ -225,7 +224,7 @@ def verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
                           f"{fastest:,}), " + ("faster than the DRAM bandwidth allows: the data "
                           "fits in a cache" if ratio < 0.7 else "close to it"))
     remedies = [r for r in rows if r["kind"] == "remedy" and "median_s" in r]
-    remedy_problems = next(r for r in rows if r["kind"] == "remedy consistency")["problems"]
+    remedy_problems = kit.first(rows, "remedy consistency")["problems"]
     base = remedies[0]
     parts = [compare_speed(r["name"].split(":")[0], r["median_s"], "the eager chain",
                            base["median_s"])
@@ -240,7 +239,7 @@ def verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
 
 
 def plot(rows: list[dict[str, Any]], axes) -> None:
-    from mlsys.plotting import COLORS, finish
+    from mlsys.plotting import COLORS, finish  # matplotlib: only when a page draws
 
     ax1, ax2 = axes
     m, t, d = model(rows), per_op(rows), doubling(rows)

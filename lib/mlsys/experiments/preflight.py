@@ -11,7 +11,7 @@ Each check gives one row {"check": name, "kind": "experiment" | "kernel", "ok": 
 "seconds": float, "error": "" or "Type: first line of the message"}; an experiment's row also
 holds its "record" (None if it failed). A failure is caught and recorded, and the next check runs.
 Kernel modules are imported inside the checks: nothing runs at import.
-Used in: the GPU sessions (before `--all` or `--chunk`), tests/test_experiments.py.
+Used in: the GPU sessions (before `--all` or `--chunk`), tests/experiments/test_preflight.py.
 """
 
 from __future__ import annotations
@@ -20,6 +20,8 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import torch
 
 from mlsys import experiments
 
@@ -67,37 +69,29 @@ def check_experiment(name: str, argv: Sequence[str] = ("--check",)) -> list[dict
 
 def kernel_device() -> str:
     """Where the kernels run: "cuda" with a CUDA GPU, else "cpu" (Triton's interpreter)."""
-    import torch
-
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def kernel_dtypes(device: str) -> tuple[Any, ...]:
     """The dtypes checked on `device`: bfloat16 and float32 on CUDA, float16 and float32 else."""
-    import torch
-
     return (torch.bfloat16 if device == "cuda" else torch.float16, torch.float32)
 
 
 def _random(shape: tuple[int, ...], seed: int, dtype: Any, device: str) -> Any:
     """Standard normal values, drawn on the CPU (the same on every device), rounded to `dtype`."""
-    import torch
-
     x = torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
     return x.to(device=device, dtype=dtype)
 
 
 def _close(actual: Any, expected: Any, tol: dict[str, float], what: str) -> None:
     """`actual` within `tol` of the float64 `expected`, else AssertionError in one line."""
-    import torch
-
     torch.testing.assert_close(actual.double().cpu(), expected.cpu(), **tol,
                                msg=lambda m: f"{what} differs from float64: {' '.join(m.split())}")
 
 
 def _softmax_case(dtype: Any, device: str) -> None:
-    from mlsys.kernels._triton import TOLERANCES
-    from mlsys.kernels.softmax import softmax, softmax_ref
+    from mlsys.kernels._triton import TOLERANCES  # Triton (may be absent): only in the check
+    from mlsys.kernels.softmax import softmax, softmax_ref  # (the same)
 
     x, dy = (_random((3, 5, 37), seed, dtype, device) for seed in (1, 2))
     x.requires_grad_()
@@ -111,8 +105,8 @@ def _softmax_case(dtype: Any, device: str) -> None:
 
 
 def _rmsnorm_case(dtype: Any, device: str) -> None:
-    from mlsys.kernels._triton import TOLERANCES
-    from mlsys.kernels.rmsnorm import rmsnorm, rmsnorm_ref
+    from mlsys.kernels._triton import TOLERANCES  # Triton (may be absent): only in the check
+    from mlsys.kernels.rmsnorm import rmsnorm, rmsnorm_ref  # (the same)
 
     shape = (7, 45)
     x, dy = (_random(shape, seed, dtype, device) for seed in (3, 4))
@@ -133,8 +127,8 @@ def _rmsnorm_case(dtype: Any, device: str) -> None:
 
 
 def _repeat_unary_case(op: str, dtype: Any, device: str) -> None:
-    from mlsys.kernels._triton import TOLERANCES
-    from mlsys.kernels.elementwise import repeat_unary, repeat_unary_ref
+    from mlsys.kernels._triton import TOLERANCES  # Triton (may be absent): only in the check
+    from mlsys.kernels.elementwise import repeat_unary, repeat_unary_ref  # (the same)
 
     x = 2 * _random((5, 3, 129), 6, dtype, device)
     _close(repeat_unary(x, 3, op), repeat_unary_ref(x.double(), 3, op), TOLERANCES[dtype],
@@ -142,10 +136,8 @@ def _repeat_unary_case(op: str, dtype: Any, device: str) -> None:
 
 
 def _flash_attention_case(causal: bool, dtype: Any, device: str) -> None:
-    import torch
-
-    from mlsys.kernels._triton import ATTENTION_TOLERANCES
-    from mlsys.kernels.flash_attention import flash_attention, flash_attention_ref
+    from mlsys.kernels._triton import ATTENTION_TOLERANCES  # Triton (may be absent): in the check
+    from mlsys.kernels.flash_attention import flash_attention, flash_attention_ref  # (the same)
 
     # n_q != n_k (the causal mask aligns bottom-right), seq <= 40 as the tolerances assume,
     # neither a multiple of the tiles

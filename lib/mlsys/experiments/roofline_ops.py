@@ -15,6 +15,7 @@ Used in: §sec-bytes.
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,12 +23,13 @@ import torch
 import torch.nn.functional as F
 
 from mlsys import bench, env, hardware, roofline
-from mlsys.accounting import bytes as B
+from mlsys.accounting import bytes as bytes_moved
 from mlsys.accounting import flops
 from mlsys.book import Table, compare_speed, num, verdict
 from mlsys.dtypes import torch_dtype
-from mlsys.experiments import Experiment, timing_fields, timing_of
+from mlsys.experiments import Experiment, kit, timing_fields, timing_of
 from mlsys.probes import copy_probe, matmul_probe
+from mlsys.tables import roofline_position
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,7 @@ SIZES = {
 }
 
 
-def _operations(s: Sizes, device: str) -> list[tuple[str, str, Any, int, B.Traffic]]:
+def _operations(s: Sizes, device: str) -> list[tuple[str, str, Any, int, bytes_moved.Traffic]]:
     """(name, group, fn, flops, traffic) of every judged operation, on fresh random inputs."""
     gen = torch.Generator().manual_seed(0)
     dt = torch_dtype(s.dtype)
@@ -72,25 +74,26 @@ def _operations(s: Sizes, device: str) -> list[tuple[str, str, Any, int, B.Traff
     for n in s.matmul_sizes:
         a, b = randn(n, n), randn(n, n)
         ops.append((f"matmul {n}", "matmul", lambda a=a, b=b: a @ b, flops.matmul_flops(n, n, n),
-                    B.matmul_traffic(n, n, n, s.dtype)))
+                    bytes_moved.matmul_traffic(n, n, n, s.dtype)))
     r, n = s.skinny_rows, s.roof_matmul
     ops += [
         (f"skinny matmul {r}x{n}x{n}", "matmul", lambda: skinny @ weight,
-         flops.matmul_flops(r, n, n), B.matmul_traffic(r, n, n, s.dtype)),
-        ("x * 2", "elementwise", lambda: x * 2.0, s.numel, B.elementwise_traffic(s.numel, s.dtype)),
+         flops.matmul_flops(r, n, n), bytes_moved.matmul_traffic(r, n, n, s.dtype)),
+        ("x * 2", "elementwise", lambda: x * 2.0, s.numel,
+         bytes_moved.elementwise_traffic(s.numel, s.dtype)),
         ("x + y", "elementwise", lambda: x + y, s.numel,
-         B.elementwise_traffic(s.numel, s.dtype, n_inputs=2)),
+         bytes_moved.elementwise_traffic(s.numel, s.dtype, n_inputs=2)),
         (f"softmax, rows of {s.row}", "row-wise", lambda: torch.softmax(xm, dim=-1),
-         flops.softmax_flops(rows, s.row), B.softmax_traffic(rows, s.row, s.dtype)),
+         flops.softmax_flops(rows, s.row), bytes_moved.softmax_traffic(rows, s.row, s.dtype)),
         (f"RMSNorm (F.rms_norm), rows of {s.row}", "row-wise",
          lambda: F.rms_norm(xm, (s.row,), w, 1e-5), flops.rmsnorm_flops(rows, s.row),
-         B.norm_traffic(rows, s.row, s.dtype)),
+         bytes_moved.norm_traffic(rows, s.row, s.dtype)),
         (f"naive attention, seq {seq}", "attention",
          lambda: torch.softmax(q @ k.transpose(-2, -1), dim=-1) @ v, attn_flops,
-         B.naive_attention_traffic(batch, heads, seq, d_head, s.dtype)),
+         bytes_moved.naive_attention_traffic(batch, heads, seq, d_head, s.dtype)),
         (f"SDPA (fused attention), seq {seq}", "attention",
          lambda: F.scaled_dot_product_attention(q, k, v), attn_flops,
-         B.tiled_attention_traffic(batch, heads, seq, d_head, s.dtype)),
+         bytes_moved.tiled_attention_traffic(batch, heads, seq, d_head, s.dtype)),
     ]
     return ops
 
@@ -180,7 +183,7 @@ def ceilings(rows: list[dict[str, Any]]) -> roofline.Ceilings:
 
 
 def consistency(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    return next(r for r in rows if r["kind"] == "consistency")
+    return kit.first(rows, "consistency")
 
 
 def results(rows: list[dict[str, Any]]) -> list[OpResult]:
@@ -213,7 +216,7 @@ def verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
     fused = next(r for r in res.values() if r.name.startswith("SDPA"))
     at_roof = [r.name for r in memory if r.ratio <= 1.5]
     slow = [f"{r.name} ({r.ratio:.1f}x)" for r in memory if r.ratio > 1.5]
-    memory_text = "; ".join(f"{r.name} is {roofline.position(r.timing.median_s, r.estimate)}"
+    memory_text = "; ".join(f"{r.name} is {roofline_position(r.timing.median_s, r.estimate)}"
                             for r in memory)
     if slow:
         memory_text += (f". At the roof: {', '.join(at_roof) or 'none'}; "
@@ -221,7 +224,7 @@ def verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
                         "the minimum traffic (several passes, costly exponentials or reductions on "
                         "this device)")
     matmul_text = "; ".join(f"{r.name} reaches {r.flops / r.timing.median_s / 1e9:,.0f} GFLOP/s, "
-                            f"{roofline.position(r.timing.median_s, r.estimate)}" for r in matmuls)
+                            f"{roofline_position(r.timing.median_s, r.estimate)}" for r in matmuls)
     speed = compare_speed("SDPA", fused.timing.median_s, "naive attention", naive.timing.median_s)
     attention_text = (f"{speed} while moving {naive.n_bytes / fused.n_bytes:.0f}x fewer bytes; "
                       f"naive attention is {naive.estimate.bound} here "
@@ -241,13 +244,21 @@ def allocation_text(rows: list[dict[str, Any]]) -> str:
     return text
 
 
+def headline(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The page's numbers: the allocator's note, the measured roofs (GFLOP/s, GB/s, ridge), the
+    attempts to a consistent run and the verdicts ("verdict_memory", ...)."""
+    roof = ceilings(rows)
+    return {"allocation_text": allocation_text(rows), "meas_gflops": roof.flop_per_s / 1e9,
+            "meas_gbps": roof.bytes_per_s / 1e9, "meas_ridge": roof.ridge_intensity,
+            "ops_attempts": consistency(rows)["attempts"],
+            **{f"verdict_{k}": v for k, v in verdicts(rows).items()}}
+
+
 def plot(rows: list[dict[str, Any]], ax, *, title: str,
          accelerator: hardware.Accelerator | None = None) -> None:
     """Achieved FLOP/s of each operation at its intensity, under the measured roof (and the
     spec's)."""
-    import math
-
-    from mlsys import plotting
+    from mlsys import plotting  # matplotlib: only when a page draws
 
     res = results(rows)
     roof = ceilings(rows)

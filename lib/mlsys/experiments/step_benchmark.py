@@ -13,20 +13,21 @@ Used in: §sec-benchmarking.
 
 from __future__ import annotations
 
-import gc
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from mlsys import bench, env, hardware, third_party
-from mlsys.accounting import bytes as B
+from mlsys.accounting import bytes as bytes_moved
 from mlsys.accounting import flops
 from mlsys.accounting.params import count_params
 from mlsys.book import Table, num, verdict
-from mlsys.experiments import Experiment, timing_fields
+from mlsys.experiments import Experiment, kit, timing_fields
 from mlsys.models.config import TransformerConfig
+from mlsys.models.transformer import Transformer
 from mlsys.probes import copy_probe, matmul_probe
+from mlsys.training import make_train_step, next_token_loss
 
 MODES = ("forward", "forward+backward", "step")
 
@@ -56,21 +57,7 @@ SIZES = {
 }
 
 
-def _is_oom(error: BaseException) -> bool:
-    text = str(error).lower()
-    return isinstance(error, torch.cuda.OutOfMemoryError) or "out of memory" in text \
-        or "can't allocate memory" in text
-
-
-def _free(device: str) -> None:
-    gc.collect()
-    if device == "cuda":
-        torch.cuda.empty_cache()
-
-
 def _callables(model, optimizer, tokens: torch.Tensor, dtype: str) -> dict[str, Any]:
-    from mlsys.training import make_train_step, next_token_loss
-
     autocast = "bf16" if dtype == "bf16" else None
     device_type = tokens.device.type
 
@@ -90,8 +77,6 @@ def _callables(model, optimizer, tokens: torch.Tensor, dtype: str) -> dict[str, 
 
 def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
     """Every model x sequence row (or its out-of-memory record), with the probes of each row."""
-    from mlsys.models.transformer import Transformer
-
     device = device or env.device()
     gen = torch.Generator().manual_seed(0)
     probes = {p.name: p for p in (matmul_probe(s.ceiling_size, dtype=s.dtype, device=device),
@@ -100,25 +85,24 @@ def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
     for name, cfg in bench.progress(s.models, desc="models"):
         base = {"kind": "row", "model": name, "batch": s.batch, "n_params": count_params(cfg)}
         model = None
-        try:
+        with kit.OutOfMemory() as oom:
             model = Transformer(cfg).to(device)
             model.init_weights(seed=0)
             optimizer = torch.optim.AdamW(model.parameters())
+            adamw_bytes = bytes_moved.adamw_traffic(base["n_params"], "fp32").total_bytes
             for seq in (q for q in s.seqs if q <= cfg.context_length):
                 forward = flops.transformer_flops(cfg, s.batch, seq).forward_matmul_flops
                 row = {**base, "seq": seq, "forward_flops": forward,
-                       "optimizer_bytes": B.adamw_traffic(base["n_params"], "fp32").total_bytes}
-                try:
+                       "optimizer_bytes": adamw_bytes}
+                with kit.OutOfMemory() as step_oom:
                     tokens = torch.randint(cfg.vocab_size, (s.batch, seq + 1), generator=gen)
                     fns = _callables(model, optimizer, tokens.to(device), s.dtype)
                     timings = bench.benchmark_interleaved(
                         {**fns, **{n: p.fn for n, p in probes.items()}}, warmup=s.warmup,
                         repeats=s.repeats, device=device)
-                except (RuntimeError, torch.cuda.OutOfMemoryError) as error:
-                    if not _is_oom(error):
-                        raise
-                    rows.append({**row, "status": "out of memory"})
-                    _free(device)
+                if step_oom.happened:
+                    rows.append({**row, "status": kit.OUT_OF_MEMORY})
+                    kit.free(device)
                     continue
                 row["status"] = "ok"
                 row["problems"] = bench.noise_problems(timings)
@@ -127,15 +111,12 @@ def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
                 for probe_name, probe in probes.items():
                     row[probe.unit] = probe.rate(timings[probe_name].median_s)
                 rows.append(row)
-        except (RuntimeError, torch.cuda.OutOfMemoryError) as error:
-            if not _is_oom(error):
-                raise
-            rows += [{**base, "seq": seq, "status": "out of memory"} for seq in s.seqs
+        if oom.happened:
+            rows += [{**base, "seq": seq, "status": kit.OUT_OF_MEMORY} for seq in s.seqs
                      if seq <= cfg.context_length and seq not in {r["seq"] for r in rows
                                                                  if r["model"] == name}]
-        finally:
-            del model
-            _free(device)
+        del model
+        kit.free(device)
     rows.append({"kind": "setup", "dtype": s.dtype, "device": env.device_name()})
     return rows
 
@@ -248,7 +229,7 @@ def third_party_verdict(accelerator: hardware.Accelerator, batch: int = 4) -> st
 
 def plot(rows: list[dict[str, Any]], ax, *, mode: str = "step") -> None:
     """Measured time against sequence length per model, with the predicted line."""
-    from mlsys.plotting import COLORS, CYCLE, finish
+    from mlsys.plotting import COLORS, CYCLE, finish  # matplotlib: only when a page draws
 
     ok = measured(rows)
     for color, name in zip(CYCLE, dict.fromkeys(r["model"] for r in ok), strict=False):

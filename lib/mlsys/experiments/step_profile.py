@@ -1,15 +1,15 @@
 """Where a training step's time goes, by phase and by class of operation, against its FLOPs.
 
-One model trains a few warm-up steps, then `steps` steps run inside `mlsys.profiling.Profile`,
-each split into the phases "forward", "backward" and "optimizer" (AdamW's step and zero_grad).
-The rows keep every op (CPU) or kernel (GPU) by phase and class, the wall and op time of each
-phase, and the model's FLOPs by the same classes (`profiling.class_flops`, forward and training),
-so a page sets time share beside FLOP share: He ("Making Deep Learning Go Brrrr", 2022) reports
-normalization at about 0.2% of BERT's FLOPs and a quarter of its runtime.
+One model trains a few warm-up steps, then `steps` steps run inside
+`mlsys.profiling.profiler.Profile`, each split into the phases "forward", "backward" and "optimizer"
+(AdamW's step and zero_grad). The rows keep every op (CPU) or kernel (GPU) by phase and class, the
+wall and op time of each phase, and the model's FLOPs by the same classes (`flops_by_class`,
+forward and training), so a page sets time share beside FLOP share: He ("Making Deep Learning Go
+Brrrr", 2022) reports normalization at about 0.2% of BERT's FLOPs and a quarter of its runtime.
 
 Two more measurements, each timed round-robin (`bench.benchmark_interleaved`):
 - the profiler's own cost: the same training step with and without the profiler running
-  (`profiling.profiler_overhead`);
+  (`overhead.profiler_overhead`);
 - the core of written-out attention at the model's shapes, op by op: scores q k^T, the masked
   softmax, and P v. Each matmul does 2 d_head FLOPs per score and the softmax about 5, so the FLOP
   ratio of one matmul to the softmax is 2 d_head / 5 (25.6 at d_head = 64), and of both matmuls
@@ -25,15 +25,20 @@ from typing import Any
 
 import torch
 
-from mlsys import bench, env, profiling
-from mlsys.accounting import flops as F
+from mlsys import bench, env
+from mlsys.accounting import flops, flops_by_class
 from mlsys.book import Table, num, verdict
-from mlsys.experiments import Experiment, timing_fields, timing_of
+from mlsys.experiments import Experiment, kit, timing_fields, timing_of
+from mlsys.experiments.kit import setup
 from mlsys.models.config import TransformerConfig
+from mlsys.models.transformer import Transformer
+from mlsys.profiling import profiler
+from mlsys.profiling.overhead import profiler_overhead
+from mlsys.training import make_train_step, next_token_loss
 
 PHASES = ("forward", "backward", "optimizer")
 CORE = ("scores", "softmax", "values")  # q @ k^T, masked softmax, P @ v
-SOFTMAX_OPS_PER_SCORE = F.SOFTMAX_OPS_PER_ELEMENT
+SOFTMAX_OPS_PER_SCORE = flops.SOFTMAX_OPS_PER_ELEMENT
 
 
 @dataclass(frozen=True)
@@ -53,10 +58,8 @@ SIZES = {
 }
 
 
-def _profile_steps(model, optimizer, tokens, s: Sizes, device: str) -> profiling.Profile:
-    from mlsys.training import next_token_loss
-
-    with profiling.Profile(device=device, model=model) as prof:
+def _profile_steps(model, optimizer, tokens, s: Sizes, device: str) -> profiler.Profile:
+    with profiler.Profile(device=device, model=model) as prof:
         for _ in range(s.steps):
             with prof.phase("forward"):
                 loss = next_token_loss(model, tokens)
@@ -85,9 +88,6 @@ def _attention_core(cfg: TransformerConfig, s: Sizes, device: str) -> dict[str, 
 def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
     """Profile `s.steps` steps after `s.warmup`; then the profiler's overhead; then the attention
     core. Rows: setup, phase, op, class, flops, overhead, core."""
-    from mlsys.models.transformer import Transformer
-    from mlsys.training import make_train_step
-
     device = device or env.device()
     cfg = TransformerConfig.preset(s.preset)
     if s.seq > cfg.context_length:
@@ -111,9 +111,9 @@ def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
     rows += [{"kind": "class", **asdict(c)} for c in prof.classes()]
     for training in (False, True):
         rows.append({"kind": "flops", "training": training,
-                     "by_class": profiling.class_flops(cfg, s.batch, s.seq, training=training)})
-    overhead = profiling.profiler_overhead(step, device=device, model=model, warmup=1,
-                                           repeats=s.repeats)
+                     "by_class": flops_by_class.class_flops(cfg, s.batch, s.seq,
+                                                            training=training)})
+    overhead = profiler_overhead(step, device=device, model=model, warmup=1, repeats=s.repeats)
     rows.append({"kind": "overhead", "plain": timing_fields(overhead.plain),
                  "profiled": timing_fields(overhead.profiled)})
     core = _attention_core(cfg, s, device)
@@ -125,20 +125,16 @@ def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
 # --- reading the rows (live or recorded) ----------------------------------------------------------
 
 
-def setup(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    return next(r for r in rows if r["kind"] == "setup")
-
-
 def _of(rows: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [{k: v for k, v in r.items() if k != "kind"} for r in rows if r["kind"] == kind]
 
 
-def classes(rows: list[dict[str, Any]]) -> list[profiling.ClassShare]:
-    return [profiling.ClassShare(**r) for r in _of(rows, "class")]
+def classes(rows: list[dict[str, Any]]) -> list[profiler.ClassShare]:
+    return [profiler.ClassShare(**r) for r in _of(rows, "class")]
 
 
-def ops(rows: list[dict[str, Any]]) -> list[profiling.OpRow]:
-    return [profiling.OpRow(**r) for r in _of(rows, "op")]
+def ops(rows: list[dict[str, Any]]) -> list[profiler.OpRow]:
+    return [profiler.OpRow(**r) for r in _of(rows, "op")]
 
 
 def class_flops(rows: list[dict[str, Any]], *, training: bool = True) -> dict[str, int]:
@@ -152,21 +148,21 @@ def share(rows: list[dict[str, Any]], op_class: str, phase: str = "all") -> floa
 
 def class_table(rows: list[dict[str, Any]]) -> Table:
     """Time share of every class per phase, beside its share of the training FLOPs."""
-    return profiling.class_table(classes(rows), class_flops(rows, training=True))
+    return profiler.class_table(classes(rows), class_flops(rows, training=True))
 
 
 def op_table(rows: list[dict[str, Any]], *, top: int = 10, exclude: tuple[str, ...] = ()) -> Table:
     """The `top` slowest ops (kernels on a GPU) of the profile, leaving out classes `exclude`."""
     kept = [o for o in ops(rows) if o.op_class not in exclude]
-    return profiling.op_table(kept, top=top, kernels=setup(rows)["device_type"] == "cuda")
+    return profiler.op_table(kept, top=top, kernels=setup(rows)["device_type"] == "cuda")
 
 
 def phase_table(rows: list[dict[str, Any]]) -> Table:
     """Per phase: wall time, time inside ops (kernels), and the rest, per step (ms)."""
     steps = setup(rows)["steps"]
     body = []
-    for p in (profiling.PhaseTime(**r) for r in _of(rows, "phase")):
-        if p.phase == profiling.NO_PHASE:
+    for p in (profiler.PhaseTime(**r) for r in _of(rows, "phase")):
+        if p.phase == profiler.NO_PHASE:
             continue
         body.append([p.phase, num(p.wall_s / steps * 1e3), num(p.op_s / steps * 1e3),
                      f"{p.outside_ops_s / p.wall_s:.0%}"])
@@ -185,7 +181,7 @@ def core_flops(rows: list[dict[str, Any]]) -> dict[str, int]:
 
 def core_table(rows: list[dict[str, Any]]) -> Table:
     """The attention core op by op: time, FLOPs, rate, and both as multiples of the softmax's."""
-    core = next(r for r in rows if r["kind"] == "core")
+    core = kit.first(rows, "core")
     fl = core_flops(rows)
     soft_t, soft_f = core["softmax"]["median_s"], fl["softmax"]
     body = [[name, num(core[name]["median_s"] * 1e6),
@@ -200,7 +196,7 @@ def core_table(rows: list[dict[str, Any]]) -> Table:
 def verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
     """Sentences computed from the rows: matmul share by phase, normalization time vs FLOPs (He),
     the attention core against its FLOP ratio, and the profiler's overhead."""
-    fl = profiling.shares(class_flops(rows, training=True))
+    fl = profiler.shares(class_flops(rows, training=True))
     phases = [p for p in PHASES if any(c.phase == p for c in classes(rows))]
     matmul_s = {c.phase: c.self_s for c in classes(rows) if c.op_class == "matmul"}
     backward = matmul_s.get("backward", 0.0) / matmul_s["all"] if matmul_s["all"] else 0.0
@@ -213,7 +209,7 @@ def verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
     norm = (f"normalization takes {norm_t:.1%} of the op time for {norm_f:.2%} of the FLOPs: "
             f"{norm_t / norm_f:.0f}x its FLOP share" if norm_f else
             f"normalization takes {norm_t:.1%} of the op time")
-    core = next(r for r in rows if r["kind"] == "core")
+    core = kit.first(rows, "core")
     fl_core = core_flops(rows)
     t_ratio = core["scores"]["median_s"] / core["softmax"]["median_s"]
     f_ratio = fl_core["scores"] / fl_core["softmax"]
@@ -223,7 +219,7 @@ def verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
     attention = (f"q k^T does {f_ratio:.1f}x the softmax's FLOPs (2 d_head / 5 with d_head = "
                  f"{setup(rows)['d_head']}) yet takes {t_ratio:.2f}x its time ({relation} it): "
                  f"the softmax runs at {softmax_rate / matmul_rate:.1%} of the matmul's FLOP/s")
-    oh = next(r for r in rows if r["kind"] == "overhead")
+    oh = kit.first(rows, "overhead")
     ratio = oh["profiled"]["median_s"] / oh["plain"]["median_s"]
     overhead = (f"the profiled step took {ratio:.2f}x the plain one "
                 f"({num(oh['profiled']['median_s'] * 1e3)} vs {num(oh['plain']['median_s'] * 1e3)}"
@@ -238,10 +234,10 @@ def verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
 
 def plot(rows: list[dict[str, Any]], ax) -> None:
     """Time share per class in each phase and the whole step, with the FLOP share beside."""
-    from mlsys.plotting import CYCLE, finish
+    from mlsys.plotting import CYCLE, finish  # matplotlib: only when a page draws
 
-    flop = profiling.shares(class_flops(rows, training=True))
-    shown = [c for c in profiling.CLASSES if share(rows, c) > 0.005 or flop.get(c, 0) > 0.005]
+    flop = profiler.shares(class_flops(rows, training=True))
+    shown = [c for c in profiler.CLASSES if share(rows, c) > 0.005 or flop.get(c, 0) > 0.005]
     bars = [p for p in PHASES if any(c.phase == p for c in classes(rows))] + ["all"]
     width = 0.8 / (len(bars) + 1)
     for i, phase in enumerate(bars):
@@ -264,7 +260,7 @@ EXPERIMENT = Experiment(
     name="step_profile",
     chapter="05_benchmarking",
     description="profiler tables of a training step by phase and class; attention core; overhead",
-    gpu_seconds=60,
+    gpu_seconds=40,
     sizes=SIZES,
     run=run,
 )

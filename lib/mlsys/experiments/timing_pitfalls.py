@@ -26,8 +26,9 @@ import torch
 
 from mlsys import bench, env
 from mlsys.book import Table, num
-from mlsys.experiments import Experiment, timing_fields, timing_of
+from mlsys.experiments import Experiment, kit, timing_fields, timing_of
 from mlsys.models.config import TransformerConfig
+from mlsys.models.transformer import Transformer
 
 
 @dataclass(frozen=True)
@@ -65,8 +66,6 @@ def _first_calls(fn, n: int, device: str) -> list[float]:
 
 
 def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
-    from mlsys.models.transformer import Transformer
-
     device = device or env.device()
     gen = torch.Generator().manual_seed(0)
     rows: list[dict[str, Any]] = []
@@ -78,8 +77,7 @@ def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
     rows.append({"kind": "warmup", "what": "eager forward", "first_s": first,
                  **timing_fields(steady)})
     if s.compile:
-        torch._dynamo.reset()
-        compiled = torch.compile(model)
+        compiled = kit.compile_fresh(model)
         first = _first_calls(lambda: compiled(tokens), s.first_calls, device)
         steady = bench.benchmark(lambda: compiled(tokens), warmup=1, repeats=s.repeats,
                                  device=device)
@@ -138,10 +136,6 @@ def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
 # --- reading the rows (live or recorded) ----------------------------------------------------------
 
 
-def _row(rows: list[dict[str, Any]], kind: str) -> dict[str, Any]:
-    return next(r for r in rows if r["kind"] == kind)
-
-
 def sentences(rows: list[dict[str, Any]]) -> dict[str, str]:
     """One sentence per pitfall, computed from its numbers."""
     out = {}
@@ -151,7 +145,7 @@ def sentences(rows: list[dict[str, Any]]) -> dict[str, str]:
             f"{r['what']}: the first call took {num(first[0] * 1e3)} ms, "
             f"{first[0] / median:,.1f}x the steady median of {num(median * 1e3)} ms; the next "
             f"{len(first) - 1} took {', '.join(f'{t / median:.1f}x' for t in first[1:])}")
-    sync = _row(rows, "sync")
+    sync = kit.first(rows, "sync")
     ratio = sync["synced_s"] / sync["unsynced_s"]
     out["sync"] = (f"{sync['launches']} matmuls of {sync['matmul']}: "
                    f"{num(sync['unsynced_s'] * 1e3)} ms by the host clock without synchronizing, "
@@ -161,7 +155,7 @@ def sentences(rows: list[dict[str, Any]]) -> dict[str, str]:
                                "they agree, because every op here finishes before its call "
                                "returns" if ratio < 1.2 else
                                f"the unsynchronized number misses {1 - 1 / ratio:.0%} of the work"))
-    clock = _row(rows, "clock")
+    clock = kit.first(rows, "clock")
     host = timing_of(clock["host"])
     if clock["events"] is None:
         out["clock"] = (f"a tiny op took {num(host.median_s * 1e6)} µs by the host clock; this "
@@ -172,14 +166,14 @@ def sentences(rows: list[dict[str, Any]]) -> dict[str, str]:
                         f"clock, {num(events.median_s * 1e6)} µs by CUDA events: the host clock "
                         f"adds {num((host.median_s - events.median_s) * 1e6)} µs of launch and "
                         "synchronization to every sample")
-    spread = timing_of(_row(rows, "spread"))
+    spread = timing_of(kit.first(rows, "spread"))
     mean = statistics.fmean(spread.samples_s)
     out["spread"] = (f"{len(spread.samples_s)} samples of a tiny op: median "
                      f"{num(spread.median_s * 1e6)} µs (p20–p80 {num(spread.p20_s * 1e6)}–"
                      f"{num(spread.p80_s * 1e6)}), mean "
                      f"{num(mean * 1e6)} µs, slowest {num(max(spread.samples_s) * 1e6)} µs: the "
                      f"mean sits {mean / spread.median_s - 1:+.0%} from the median")
-    cache = _row(rows, "cache")
+    cache = kit.first(rows, "cache")
     warm, cold = timing_of(cache["warm"]), timing_of(cache["flushed"])
     out["cache"] = (f"summing {cache['bytes'] / 2**20:.0f} MiB: {num(warm.median_s * 1e6)} µs "
                     f"warm, {num(cold.median_s * 1e6)} µs after flushing "

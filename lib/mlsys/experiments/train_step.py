@@ -17,11 +17,13 @@ from typing import Any
 import torch
 
 from mlsys import bench, env, hardware
-from mlsys.accounting import flops
+from mlsys.accounting import flops, utilization
 from mlsys.book import Table, num, verdict
-from mlsys.experiments import Experiment, timing_fields
+from mlsys.experiments import Experiment, kit, timing_fields
 from mlsys.models.config import TransformerConfig
+from mlsys.models.transformer import Transformer
 from mlsys.probes import matmul_probe
+from mlsys.training import make_train_step
 
 MFU_TOLERANCE = 1.25
 """A step whose MFU against the measured ceiling exceeds this contradicts the ceiling
@@ -57,9 +59,6 @@ def step_flops(s: Sizes, seq: int) -> int:
 
 def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
     """Time the steps and the ceiling probes interleaved, until consistent."""
-    from mlsys.models.transformer import Transformer
-    from mlsys.training import make_train_step
-
     device = device or env.device()
     gen = torch.Generator().manual_seed(0)
     model = Transformer(s.config).to(device)
@@ -78,7 +77,8 @@ def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
         ceiling = max(p.rate(timings[n].median_s) for n, p in probes.items())
         problems = bench.noise_problems(timings)
         for seq in s.seqs:
-            mfu = flops.mfu(step_flops(s, seq), timings[f"step seq={seq}"].median_s, ceiling)
+            mfu = utilization.mfu(step_flops(s, seq), timings[f"step seq={seq}"].median_s,
+                                  ceiling)
             if mfu > MFU_TOLERANCE:
                 problems.append(f"the step at seq {seq} ran at {mfu:.2f}x "
                                 "the measured matmul ceiling")
@@ -112,11 +112,11 @@ def steps(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def mfus(rows: list[dict[str, Any]], peak_flop_per_s: float | None = None) -> dict[int, float]:
     """MFU per sequence length, against `peak_flop_per_s` (default: the measured ceiling)."""
     peak = peak_flop_per_s or ceiling(rows)
-    return {r["seq"]: flops.mfu(r["flops"], r["median_s"], peak) for r in steps(rows)}
+    return {r["seq"]: utilization.mfu(r["flops"], r["median_s"], peak) for r in steps(rows)}
 
 
 def table(rows: list[dict[str, Any]], accelerator: hardware.Accelerator | None = None) -> Table:
-    c = next(r for r in rows if r["kind"] == "consistency")
+    c = kit.first(rows, "consistency")
     spec = accelerator.peak_flop_per_s(c["dtype"]) if accelerator is not None else None
     out = []
     for r in steps(rows):
@@ -132,7 +132,7 @@ def table(rows: list[dict[str, Any]], accelerator: hardware.Accelerator | None =
 
 def mfu_verdict(rows: list[dict[str, Any]]) -> str:
     """Best MFU and what the matmul FLOPs at the ceiling leave unexplained, from the numbers."""
-    c = next(r for r in rows if r["kind"] == "consistency")
+    c = kit.first(rows, "consistency")
     by_seq = mfus(rows)
     best = max(by_seq, key=by_seq.get)
     probes = [r for r in rows if r["kind"] == "probe"]
@@ -147,7 +147,7 @@ def mfu_verdict(rows: list[dict[str, Any]]) -> str:
 
 def plot(rows: list[dict[str, Any]], ax, *, accelerator: hardware.Accelerator | None = None,
          label: str = "") -> None:
-    from mlsys.plotting import COLORS, finish
+    from mlsys.plotting import COLORS, finish  # matplotlib: only when a page draws
 
     st = steps(rows)
     seqs = [r["seq"] for r in st]
@@ -158,7 +158,7 @@ def plot(rows: list[dict[str, Any]], ax, *, accelerator: hardware.Accelerator | 
                 label=f"measured (median, p20–p80){label}")
     ax.plot(seqs, [r["flops"] / ceiling(rows) * 1e3 for r in st], "-", color=COLORS["predicted"],
             label=f"model FLOPs at the measured ceiling ({ceiling(rows) / 1e9:,.0f} GFLOP/s)")
-    c = next(r for r in rows if r["kind"] == "consistency")
+    c = kit.first(rows, "consistency")
     if accelerator is not None:
         peak = accelerator.peak_flop_per_s(c["dtype"])
         ax.plot(seqs, [r["flops"] / peak * 1e3 for r in st], "--", color=COLORS["ceiling"],

@@ -6,7 +6,7 @@ optimizer step, zero_grad): the bytes live when the phase ends and the peak duri
 GPU that is `torch.cuda.memory_allocated()` / `max_memory_allocated()` (after
 `reset_peak_memory_stats`); on a CPU it is the allocation and free events of PyTorch's profiler
 (`profile_memory=True`), whose running sum is the live bytes at every moment; both are read by
-`mlsys.memory_timeline.meter`, and count from zero before the model is built.
+`mlsys.profiling.memory_meter.meter`, and count from zero before the model is built.
 `mlsys.accounting.memory` predicts the model states (weights, gradients, optimizer moments); the
 allocator also sees what the count leaves out: the saved activations and logits at the peak,
 temporaries of the optimizer, buffers (RoPE tables), the token batch and AdamW's step counters.
@@ -16,19 +16,21 @@ with `torch.autograd.graph.saved_tensors_hooks`). Used in: §sec-tensors-memory.
 
 from __future__ import annotations
 
-import gc
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from mlsys import checks, env, memory_timeline
+from mlsys import checks, env
 from mlsys.accounting import memory
 from mlsys.book import Table, num
 from mlsys.counters import SavedTensors
 from mlsys.dtypes import torch_dtype
-from mlsys.experiments import Experiment
+from mlsys.experiments import Experiment, kit
 from mlsys.models.config import PRESETS, TransformerConfig
+from mlsys.models.transformer import Transformer
+from mlsys.profiling import memory_meter
+from mlsys.training import next_token_loss
 
 
 @dataclass(frozen=True)
@@ -74,9 +76,6 @@ def _nbytes(tensors) -> int:
 
 def _train(meter, label: str, s: Sizes, device: str) -> dict[str, Any]:
     """Build the model and the batch, then `s.steps` training steps, each phase read by `meter`."""
-    from mlsys.models.transformer import Transformer
-    from mlsys.training import next_token_loss
-
     param_dtype, autocast_dtype, recipe = RUNS[label]
     cfg = TransformerConfig.preset(s.preset)
     saved = []
@@ -112,7 +111,7 @@ def _train(meter, label: str, s: Sizes, device: str) -> dict[str, Any]:
                                          and v.device.type == device),
            "saved_bytes": saved}
     del model, optimizer, tokens, params
-    gc.collect()
+    kit.free(device)
     return row
 
 
@@ -122,7 +121,7 @@ def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
     if device not in ("cuda", "cpu"):
         raise ValueError(f"device must be 'cuda' or 'cpu' (an allocator this can read), "
                          f"got {device!r}")
-    meter = memory_timeline.meter(device)
+    meter = memory_meter.meter(device)
     cfg = TransformerConfig.preset(s.preset)
     rows: list[dict[str, Any]] = [{
         "kind": "setup", "device": env.device_name(), "device_type": device, "method": meter.method,
@@ -136,10 +135,6 @@ def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
 
 
 # --- reading the rows (live or recorded) ----------------------------------------------------------
-
-
-def setup(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    return next(r for r in rows if r["kind"] == "setup")
 
 
 def runs(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -259,7 +254,7 @@ def verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
 def plot(rows: list[dict[str, Any]], ax, *, title: str) -> None:
     """Live bytes at the end of every phase (lines) and the peak during it (markers), per run, with
     each run's predicted model states dashed."""
-    from mlsys import plotting
+    from mlsys import plotting  # matplotlib: only when a page draws
 
     for color, (label, r) in zip(plotting.CYCLE, runs(rows).items(), strict=False):
         ph = phases(rows, label)

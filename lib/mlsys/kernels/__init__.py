@@ -6,7 +6,9 @@
 - `rmsnorm`: fused `rmsnorm` (forward; backward gives dx and dweight), `rmsnorm_bytes`.
 - `flash_attention`: FlashAttention-2 forward and backward (`flash_attention`,
   `FlashAttentionTriton`), the model's "flash_triton" backend; costs from
-  `mlsys.accounting.attention`.
+  `mlsys.accounting.attention`; tested against `mlsys.ops.attention`.
+- `row_tiles`, `flash_tiles`: the tiles the row kernels and the flash kernels may launch with
+  (autotune spaces, pruning, the interpreter's fixed choice).
 - They are timed by the `fused_kernels` experiment of `mlsys.experiments`
   (`python -m mlsys.experiments fused_kernels`).
 - `aot`: compile any of them ahead of time for sm_80/sm_89/sm_90 with no GPU, in worker processes,

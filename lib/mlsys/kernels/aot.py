@@ -19,50 +19,40 @@ specialized exactly as a real launch's: ints divisible by 16 and 16-byte aligned
 `tt.divisibility`, a unit stride becomes the constant 1 (hand-written signatures give other code).
 
 Compiling needs Triton out of its interpreter, which `mlsys.env` turns on without a GPU: the work
-runs in worker processes (`python -m mlsys.kernels.aot --worker`, TRITON_INTERPRET=0), `jobs` at a
-time, each compile with a timeout, so this can run beside interpreted kernels. Results are cached
-on disk (`MLSYS_AOT_CACHE`, default ~/.cache/mlsys/aot), keyed by the launch, the kernel's source,
-the Triton version and `FORMAT`. Facts and pitfalls: shared/notes/triton-ahead-of-time.md.
+runs in worker processes (`mlsys.kernels.aot_worker`, TRITON_INTERPRET=0), `jobs` at a time,
+each compile with a timeout, so this can run beside interpreted kernels. Results are cached on
+disk (`mlsys.kernels.aot_cache`), keyed by the launch, the kernel's source and the Triton
+version. Facts and pitfalls: shared/notes/triton-ahead-of-time.md. A little over 300 lines:
+the launch's signature, its compile and the reading of the result are one round trip.
 Used in: chapters 04 and 06 through `mlsys.kernels.compile_report`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import hashlib
-import importlib
-import inspect
-import io
 import json
 import os
 import queue
 import re
 import select
-import shutil
 import subprocess
 import sys
-import tempfile
-import textwrap
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from mlsys import checks, dtypes, hardware
-from mlsys.accounting import occupancy as occ
+from mlsys import checks, hardware
+from mlsys.accounting import occupancy
+from mlsys.kernels.aot_cache import cache_dir, cache_key, source_hash, triton_version
 
 KERNEL_MODULES = ("elementwise", "softmax", "rmsnorm", "flash_attention")
 """Modules of `mlsys.kernels` whose kernels compile ahead of time; each defines `AOT_KERNELS`
 (name -> attribute) and `aot_args(name, dtype, **problem) -> (args, constexprs)`."""
 TARGETS = tuple(hardware.SM_ARCHITECTURES)
 """Compiler targets: sm_80 (A100), sm_89 (L40S), sm_90 (H100; Triton emits sm_90a for wgmma)."""
-FORMAT = 1
-"""Version of the record this module writes; a change invalidates the disk cache."""
 COMPILE_TIMEOUT_S = 600.0
 """A compile that takes longer is stopped and recorded as failed (fp32 tiles have taken 107 s)."""
 TENSOR_CORE_SASS = ("HMMA", "HGMMA", "IMMA", "QGMMA")
@@ -155,10 +145,10 @@ class Compiled:
         return self.shared_bytes <= hardware.sm_architecture(self.launch.target) \
             .shared_per_block_bytes
 
-    def occupancy(self) -> occ.Occupancy:
+    def occupancy(self) -> occupancy.Occupancy:
         """Blocks and warps per SM that these registers and this shared memory allow."""
-        return occ.occupancy(self.registers, self.shared_bytes, self.launch.num_warps,
-                             self.launch.target)
+        return occupancy.occupancy(self.registers, self.shared_bytes, self.launch.num_warps,
+                                   self.launch.target)
 
     def as_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
@@ -169,54 +159,6 @@ class Compiled:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Compiled:
         return cls(**{**d, "launch": Launch.from_dict(d["launch"])})
-
-
-# --- what was compiled: the kernel's source and the tools' versions ------------------------------
-
-
-def kernel_object(kernel: str) -> Any:
-    """The kernel `kernel` ("softmax.fwd") as its module defines it (a wrapper or JIT function)."""
-    module_name, _, name = kernel.partition(".")
-    module = importlib.import_module(f"mlsys.kernels.{module_name}")
-    attr = module.AOT_KERNELS.get(name)
-    if attr is None:
-        raise ValueError(f"kernel={kernel!r}: mlsys.kernels.{module_name} has no kernel {name!r}; "
-                         f"it has {', '.join(module.AOT_KERNELS)}")
-    return getattr(module, attr)
-
-
-def _unwrap(kernel: Any, until: type | None = None) -> Any:
-    """Unwrap Triton's autotuner, JIT and interpreted functions and the book's launch wrappers (all
-    keep the wrapped object in `.fn`) down to an instance of `until`, or to the Python function."""
-    while not (until is not None and isinstance(kernel, until)) and hasattr(kernel, "fn"):
-        kernel = kernel.fn
-    if until is not None and not isinstance(kernel, until):
-        raise TypeError(f"{kernel!r} holds no {until.__name__} (is TRITON_INTERPRET on?)")
-    return kernel
-
-
-def source_hash(kernel: str) -> str:
-    """sha256 (16 hex digits) of the kernel's Python source from its `def` line: what Triton
-    compiles (decorators and everything around the function excluded)."""
-    source = textwrap.dedent(inspect.getsource(_unwrap(kernel_object(kernel))))
-    body = source[source.index("def "):]
-    return hashlib.sha256(body.encode()).hexdigest()[:16]
-
-
-def triton_version() -> str:
-    """The installed Triton's version (PackageNotFoundError where it is absent: macOS)."""
-    return metadata.version("triton")
-
-
-def cache_dir() -> Path:
-    """Where compile records are kept: $MLSYS_AOT_CACHE, else ~/.cache/mlsys/aot."""
-    return Path(os.environ.get("MLSYS_AOT_CACHE") or Path.home() / ".cache" / "mlsys" / "aot")
-
-
-def cache_key(launch: Launch, source: str, triton: str) -> str:
-    text = json.dumps({"launch": launch.as_dict(), "source": source, "triton": triton,
-                       "format": FORMAT}, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 # --- reading the compiler's output ----------------------------------------------------------------
@@ -248,79 +190,6 @@ def sass_opcodes(sass: str) -> Counter:
     return Counter(_SASS_LINE.findall(sass))
 
 
-def _tool(name: str) -> str:
-    import triton  # in the worker only: Triton ships ptxas, cuobjdump and nvdisasm
-
-    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / name)
-
-
-# --- the worker: compiles in a process where Triton is not interpreted --------------------------
-
-
-def _one_line(error: Exception, width: int = 200) -> str:
-    """An error in one line: its first line, and its last where they differ (Triton's
-    CompilationError puts the source position first and the reason last)."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [""]
-    text = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
-    return text[:width]
-
-
-def _compile_here(launch: Launch, workdir: Path, asm: dict[str, str] | None = None,
-                  sass: bool = True) -> Compiled:
-    """Compile `launch` in this process (TRITON_INTERPRET must be off); the record, or the error.
-    With `asm`, also fill it with the PTX and the SASS listing; without `sass`, count the
-    tensor-core instructions and asynchronous copies in the PTX and skip the disassembly."""
-    import torch  # noqa: F401  (the worker process: heavy, and only there)
-    import triton
-    from triton import knobs
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource, make_backend
-    from triton.runtime.jit import JITFunction, create_function_from_signature
-
-    start = time.perf_counter()
-    try:
-        module_name, _, name = launch.kernel.partition(".")
-        module = importlib.import_module(f"mlsys.kernels.{module_name}")
-        jit = _unwrap(kernel_object(launch.kernel), JITFunction)
-        args, constexprs = module.aot_args(name, dtypes.torch_dtype(launch.dtype),
-                                           **launch.problem)
-        target = GPUTarget("cuda", hardware.sm_architecture(launch.target).capability, 32)
-        backend = make_backend(target)
-        # bind and specialize the arguments exactly as JITFunction.run does for a real launch
-        binder = create_function_from_signature(jit.signature, jit.params, backend)
-        kwargs = {**constexprs, **launch.tile, "num_warps": launch.num_warps,
-                  "num_stages": launch.num_stages}
-        bound, specialization, options = binder(*args, **kwargs)
-        options, signature, consts, attrs = jit._pack_args(backend, options, bound,
-                                                           specialization, options)
-        knobs.nvidia.dump_ptxas_log = True
-        log = io.StringIO()
-        with contextlib.redirect_stdout(log):
-            compiled = triton.compile(ASTSource(jit, signature, consts, attrs), target=target,
-                                      options=options.__dict__)
-        seconds = time.perf_counter() - start
-        resources = {**parse_ptxas_log(log.getvalue()),
-                     "shared_bytes": int(compiled.metadata.shared), "compile_s": round(seconds, 3)}
-        if not sass:
-            ptx = compiled.asm["ptx"]
-            counts = {name: len(re.findall(rx, ptx)) for name, rx in PTX_OPCODES.items()}
-            return Compiled(launch=launch, **resources,
-                            opcodes={k: n for k, n in counts.items() if n})
-        cubin = workdir / "kernel.cubin"
-        cubin.write_bytes(compiled.asm["cubin"])
-        listing = subprocess.run([_tool("cuobjdump"), "-sass", str(cubin)], capture_output=True,
-                                 text=True, check=True, timeout=120).stdout
-        if asm is not None:
-            asm.update(ptx=compiled.asm["ptx"], sass=listing)
-        counts = sass_opcodes(listing)
-        wanted = TENSOR_CORE_SASS + ASYNC_COPY_SASS
-        return Compiled(launch=launch, **resources, sass_instructions=sum(counts.values()),
-                        opcodes={op: counts[op] for op in wanted if counts[op]})
-    except Exception as error:  # a failed compile is a result: the report shows it
-        return Compiled(launch=launch, compile_s=round(time.perf_counter() - start, 3),
-                        error=f"{type(error).__name__}: {_one_line(error)}")
-
-
 def compiled_asm(*launches: Launch) -> list[dict[str, str]]:
     """PTX and SASS listing of each launch, compiled in one worker process (not cached): dicts
     with keys "ptx", "sass" and "error" (empty when it compiled)."""
@@ -329,29 +198,6 @@ def compiled_asm(*launches: Launch) -> list[dict[str, str]]:
             raise TypeError(f"launches must be Launch objects, got {type(launch).__name__}")
     answers = _run_workers(list(launches), jobs=1, mode="--asm")
     return [{"ptx": "", "sass": "", **answer} for answer in answers]
-
-
-def _worker_main(mode: str) -> None:
-    """Read one launch (JSON) per line from stdin, answer one JSON line on the original stdout.
-
-    Anything else that prints (Triton's dumps) goes to stderr, so the protocol stays clean."""
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("0", ""):
-        raise SystemExit("the aot worker needs TRITON_INTERPRET=0")
-    answer = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)
-    with tempfile.TemporaryDirectory(prefix="mlsys-aot-") as tmp:
-        for line in sys.stdin:
-            launch = Launch.from_dict(json.loads(line))
-            asm: dict[str, str] = {}
-            # a fresh Triton cache for every compile: a hit (two launches that compile to the
-            # same kernel) would skip ptxas, and with it the log of registers and spills
-            triton_cache = Path(tmp) / "triton"
-            shutil.rmtree(triton_cache, ignore_errors=True)
-            os.environ["TRITON_CACHE_DIR"] = str(triton_cache)
-            compiled = _compile_here(launch, Path(tmp), asm, sass=mode != "--ptx-only")
-            out = {**asm, "error": compiled.error} if mode == "--asm" else compiled.as_dict()
-            answer.write(json.dumps(out) + "\n")
-            answer.flush()
 
 
 # --- the parent: cache, worker pool, timeouts ----------------------------------------------------
@@ -365,7 +211,7 @@ def _worker_env() -> dict[str, str]:
 
 
 def _start_worker(mode: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "mlsys.kernels.aot", mode],
+    return subprocess.Popen([sys.executable, "-m", "mlsys.kernels.aot_worker", mode],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True, env=_worker_env())
 
@@ -455,6 +301,3 @@ def compile_launches(launches: Iterable[Launch], *, jobs: int | None = None,
                  mode="--worker" if sass else "--ptx-only")
     return [found[i] for i in range(len(launches))]
 
-
-if __name__ == "__main__":
-    _worker_main(sys.argv[1] if len(sys.argv) > 1 else "--worker")

@@ -5,8 +5,8 @@ A100 (sm_80) and the H100 (sm_90) on a CPU, and what the compiler made of each.
 widths, chain lengths) and every tile the library's own pruning would let it launch with (the
 autotune spaces and the untuned defaults). `matrix="full"` takes every head dim and width the
 kernels accept, in bf16 (standing for fp16 too) and fp32; `matrix="ci"` what the chapters and
-experiments launch, which `make test` compiles (`tests/test_compile_report.py`). Each candidate
-is judged by `verdict`:
+experiments launch, which `make test` compiles (`tests/kernels/test_compile_report.py`). Each
+candidate is judged by `verdict`:
 
 - kept: it compiled with no register spills, its shared memory fits, and a 16-bit flash kernel's
   dot products reached the tensor cores (fp32 flash is exact fp32, which has no tensor-core path:
@@ -18,6 +18,7 @@ The autotuners never time a removed tile (`tile_space.removed`), and the test fa
 back. `python -m mlsys.kernels.compile_report` writes the report (`REPORT_PATH`, JSON) with the
 versions, the date, the command and each kernel's source hash; `make compile-report` regenerates
 the full one. Chapters read it through `load` and `mlsys.kernels.compile_tables`.
+A little over 300 lines: the report's schema, its writer and its reader share one format.
 Used in: chapters 04 and 06.
 """
 
@@ -34,8 +35,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mlsys import bench, checks, env
-from mlsys.kernels import aot
+from mlsys import checks, env, results
+from mlsys.kernels import aot, aot_cache, flash_attention, flash_tiles, rmsnorm, row_tiles
+from mlsys.kernels._triton import triton
 from mlsys.kernels.aot import Compiled, Launch
 from mlsys.kernels.tile_space import REPORT_PATH
 
@@ -84,18 +86,16 @@ def _row_candidates(kernel: str, dtype: str, n_cols: int, target: str, *,
                     every: bool) -> list[Launch]:
     """The row tiles of one kernel and width: those the library keeps on `target`, or (`every`)
     those its heuristics allow plus the untuned default, before the report's removals."""
-    from mlsys.kernels import _triton  # Triton's Config; importing sets up the interpreter
-
     block_n = 1 << (n_cols - 1).bit_length()
-    configs = _triton.row_tile_configs()
+    configs = row_tiles.row_tile_configs()
     if every:
-        chosen = _triton.keep_row_tiles(configs, ROW_ROWS, block_n, compiled=True)
-        m, w = _triton.default_row_tile(ROW_ROWS, block_n, compiled=True)
+        chosen = row_tiles.keep_row_tiles(configs, ROW_ROWS, block_n, compiled=True)
+        m, w = row_tiles.default_row_tile(ROW_ROWS, block_n, compiled=True)
         if (m, w) not in {(c.kwargs["BLOCK_M"], c.num_warps) for c in chosen}:
-            chosen.append(_triton.triton.Config({"BLOCK_M": m}, num_warps=w))
+            chosen.append(triton.Config({"BLOCK_M": m}, num_warps=w))
     else:
-        chosen = _triton.keep_row_tiles(configs, ROW_ROWS, block_n, compiled=True,
-                                        kernel=kernel, dtype=dtype, target=target)
+        chosen = row_tiles.keep_row_tiles(configs, ROW_ROWS, block_n, compiled=True,
+                                          kernel=kernel, dtype=dtype, target=target)
     problem = {"n_rows": ROW_ROWS, "n_cols": n_cols}
     return _configs_as_launches(kernel, dtype, problem, chosen, (target,))
 
@@ -105,10 +105,6 @@ def candidates(matrix: str = "ci", targets: Iterable[str] = CI_TARGETS, *,
     """The launches of `matrix` ("ci" or "full") for `targets`. Tiles: those the library's
     pruning keeps (`every=False`), or every candidate its heuristics allow before the compile
     report's removals (`every=True`: what the full report judges)."""
-    # the kernel modules import Triton (and set up its interpreter): only when launches are asked
-    from mlsys.kernels import flash_attention as FA
-    from mlsys.kernels import rmsnorm
-
     spec = MATRIX[checks.choice(matrix, "matrix", MATRICES)]
     targets = tuple(checks.choice(t, "targets", aot.TARGETS) for t in targets)
     out: list[Launch] = []
@@ -116,13 +112,13 @@ def candidates(matrix: str = "ci", targets: Iterable[str] = CI_TARGETS, *,
         problem = {**FLASH_PROBLEM, "head_dim": d, "causal": causal}
         for kernel in FLASH_KERNELS:
             for target in targets:
-                configs = (FA.tile_configs(kernel, dtype) if every else
-                           FA.launchable_tiles(kernel, d, dtype, target))
+                configs = (flash_tiles.tile_configs(kernel, dtype) if every else
+                           flash_tiles.launchable_tiles(kernel, d, dtype, target))
                 out += _configs_as_launches(f"flash_attention.{kernel}", dtype, problem,
                                             configs, (target,))
         if not causal:  # D = rowsum(dO * O) does not depend on the mask: one per head dim
             out += [Launch("flash_attention.preprocess", dtype, problem, {},
-                           FA.PREPROCESS_WARPS, 3, t) for t in targets]
+                           flash_attention.PREPROCESS_WARPS, 3, t) for t in targets]
     for dtype, n_cols in itertools.product(spec["row_dtypes"], spec["row_cols"]):
         for kernel, target in itertools.product(ROW_KERNELS, targets):
             out += _row_candidates(kernel, dtype, n_cols, target, every=every)
@@ -174,7 +170,7 @@ class Report:
     """Every compiled launch of a matrix, with what produced the report."""
 
     provenance: Mapping[str, Any]  # versions, date, commit, command, matrix, targets
-    sources: Mapping[str, str]  # kernel -> `aot.source_hash` when compiled
+    sources: Mapping[str, str]  # kernel -> `aot_cache.source_hash` when compiled
     entries: tuple[Compiled, ...]
 
     def select(self, kernel: str | None = None, dtype: str | None = None,
@@ -200,14 +196,14 @@ def build(matrix: str = "full", targets: Iterable[str] = CI_TARGETS, *, every: b
     entries = tuple(aot.compile_launches(launches, jobs=jobs, sass=sass))
     provenance = {
         "matrix": matrix, "targets": list(targets), "every_candidate": every, "sass": sass,
-        "triton_version": aot.triton_version(), "torch_version": env.versions()["torch"],
+        "triton_version": aot_cache.triton_version(), "torch_version": env.versions()["torch"],
         "python_version": env.versions()["python"], "host": env.device_name(),
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-        "git_commit": bench.git_commit(), "command": command,
+        "git_commit": results.git_commit(), "command": command,
         "wall_s": round(time.perf_counter() - start, 1),  # this run (cached compiles: ~0)
         "compile_s_total": round(sum(c.compile_s for c in entries), 1),  # when each was compiled
     }
-    sources = {k: aot.source_hash(k) for k in sorted({c.launch.kernel for c in entries})}
+    sources = {k: aot_cache.source_hash(k) for k in sorted({c.launch.kernel for c in entries})}
     return Report(provenance, sources, entries)
 
 
@@ -217,7 +213,7 @@ def save(report: Report, path: Path = REPORT_PATH) -> Path:
     for c in report.entries:
         d = {**c.as_dict(), **c.launch.as_dict(), "verdict": verdict(c)}
         rows.append([d[name] for name in COLUMNS])
-    text = json.dumps({"format": aot.FORMAT, "provenance": dict(report.provenance),
+    text = json.dumps({"format": aot_cache.FORMAT, "provenance": dict(report.provenance),
                        "sources": dict(report.sources), "columns": list(COLUMNS),
                        "rows": rows}, separators=(",", ":"))
     path = Path(path)
@@ -243,7 +239,7 @@ def load(path: Path = REPORT_PATH) -> Report:
 
 def stale_sources(report: Report) -> dict[str, tuple[str, str]]:
     """Kernels whose source changed since the report was written: kernel -> (then, now)."""
-    now = {k: aot.source_hash(k) for k in report.sources}
+    now = {k: aot_cache.source_hash(k) for k in report.sources}
     return {k: (v, now[k]) for k, v in report.sources.items() if now[k] != v}
 
 

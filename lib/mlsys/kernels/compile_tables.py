@@ -1,15 +1,9 @@
-"""The compile report read for the book: tables, the formulas checked against the compiler, the
-"why this tile" verdict and each kernel's predicted GPU time.
+"""The compile report read for the book: tables, and the formulas checked against the compiler.
 
 Everything here reads a `compile_report.Report` (the committed one, or one compiled live): no
 numbers are typed in. The formula checks are counters like `flop_counter`: the shared-memory rule
-and the register floor of `mlsys.accounting.tiles` beside what ptxas reported, tile by tile.
-
-The prediction is labelled as one: the roofline time of the kernel's FLOPs and bytes
-(`mlsys.accounting`) on the target's GPU (sm_90: H100 SXM, sm_80: A100 SXM), stretched by the
-last wave: a grid of G programs runs in ceil(G / S) waves of S = SMs x blocks per SM (the
-occupancy), and a last wave that is partly empty leaves SMs idle, so time = roofline / (G / (waves
-x S)). It ignores latency, the per-launch overhead and the unequal work of causal tiles.
+and the register floor of `mlsys.accounting.tiles` beside what ptxas reported, tile by tile. The
+"why this tile" verdict and each kernel's predicted GPU time: `mlsys.kernels.compile_predictions`.
 Used in: chapters 04 and 06.
 """
 
@@ -21,17 +15,10 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from mlsys import book, checks, dtypes, hardware, roofline
-from mlsys.accounting import attention as A
-from mlsys.accounting import bytes as B
-from mlsys.accounting import flops, tiles
+from mlsys import book, dtypes
+from mlsys.accounting import tiles
 from mlsys.kernels.aot import Compiled
 from mlsys.kernels.compile_report import ROW_KERNELS, Report, verdict
-
-GPU_OF_TARGET = {"sm_80": hardware.A100_80GB_SXM, "sm_90": hardware.H100_SXM}
-"""The GPU whose roofline a target's prediction uses."""
-CANNOT_CHOOSE = 1.05
-"""Kept tiles whose predictions lie within this factor are a tie for the model."""
 
 
 def short_verdict(compiled: Compiled) -> str:
@@ -44,7 +31,8 @@ def short_verdict(compiled: Compiled) -> str:
     return text
 
 
-def _tile(c: Compiled) -> str:
+def tile_label(c: Compiled) -> str:
+    """"64 x 32" (BLOCK_M x BLOCK_N), or BLOCK_M alone for a row kernel."""
     t = c.launch.tile
     return f"{t['BLOCK_M']} x {t['BLOCK_N']}" if "BLOCK_N" in t else f"{t.get('BLOCK_M', '-')}"
 
@@ -88,7 +76,8 @@ def row_shared_check(report: Report) -> RowSharedCheck:
                           sum(c.shared_bytes <= t for c, t in zip(rows, tile, strict=True)))
 
 
-def _flash(report: Report, **where) -> list[Compiled]:
+def flash_entries(report: Report, **where) -> list[Compiled]:
+    """The report's entries of the three tiled flash kernels that match `where`."""
     return [c for c in report.select(**where)
             if c.launch.kernel in {f"flash_attention.{k}" for k in tiles.FLASH_KERNELS}]
 
@@ -99,10 +88,10 @@ def flash_table(report: Report, target: str, *, dtype: str = "bf16", head_dim: i
     (compiled and by the rule), resident warps per SM (and what limits them), tensor-core
     instructions, verdict."""
     rows = []
-    for c in _flash(report, dtype=dtype, target=target, head_dim=head_dim, causal=causal):
+    for c in flash_entries(report, dtype=dtype, target=target, head_dim=head_dim, causal=causal):
         occ = c.occupancy() if c.ok else None
         rows.append([c.launch.kernel.split(".")[1],
-                     f"{_tile(c)} w{c.launch.num_warps} s{c.launch.num_stages}",
+                     f"{tile_label(c)} w{c.launch.num_warps} s{c.launch.num_stages}",
                      c.registers, c.spill_store_bytes,
                      f"{_kib(c.shared_bytes)} ({_kib(flash_smem_rule(c))})",
                      f"{occ.warps_per_sm} ({occ.limiter})" if occ else "-",
@@ -115,10 +104,10 @@ def more_registers(report: Report, target: str, than: str, **where) -> tuple[int
     """(tiles that need more registers on `target` than on `than`, tiles compiled on both) over
     the flash entries matching `where` (dtype=..., head_dim=..., causal=...)."""
     other = {(c.launch.kernel, tuple(c.launch.tile.items()), c.launch.num_warps,
-              c.launch.num_stages): c for c in _flash(report, target=than, **where) if c.ok}
+              c.launch.num_stages): c for c in flash_entries(report, target=than, **where) if c.ok}
     pairs = [(c, other.get((c.launch.kernel, tuple(c.launch.tile.items()), c.launch.num_warps,
-                            c.launch.num_stages))) for c in _flash(report, target=target, **where)
-             if c.ok]
+                            c.launch.num_stages)))
+             for c in flash_entries(report, target=target, **where) if c.ok]
     pairs = [(c, o) for c, o in pairs if o is not None]
     return sum(c.registers > o.registers for c, o in pairs), len(pairs)
 
@@ -148,10 +137,11 @@ class SharedCheck:
 
 def shared_memory_check(report: Report) -> SharedCheck:
     """How often `tiles.flash_smem_bytes` equals what the compiler asked for."""
-    half = [c for c in _flash(report) if c.ok and c.launch.dtype != "fp32"]
+    half = [c for c in flash_entries(report) if c.ok and c.launch.dtype != "fp32"]
     gaps = [c.shared_bytes - flash_smem_rule(c) for c in half]
     p_tile = [2 * c.launch.tile["BLOCK_M"] * c.launch.tile["BLOCK_N"] for c in half]
-    ratios = [c.shared_bytes / flash_smem_rule(c) for c in _flash(report, dtype="fp32") if c.ok]
+    ratios = [c.shared_bytes / flash_smem_rule(c)
+              for c in flash_entries(report, dtype="fp32") if c.ok]
     return SharedCheck(len(half), gaps.count(0),
                        sum(g == p for g, p in zip(gaps, p_tile, strict=True)),
                        max(map(abs, gaps), default=0),
@@ -172,7 +162,8 @@ class RegisterCheck:
 
 def register_check(report: Report, *, sixteen_bit: bool = True) -> RegisterCheck:
     """Which tiles must spill on paper, and did the compiler agree?"""
-    entries = [c for c in _flash(report) if c.ok and (c.launch.dtype != "fp32") == sixteen_bit]
+    entries = [c for c in flash_entries(report)
+               if c.ok and (c.launch.dtype != "fp32") == sixteen_bit]
     floors = [flash_register_floor(c) for c in entries]
     must = [c for c, f in zip(entries, floors, strict=True) if f.must_spill]
     spilled = [(c, f) for c, f in zip(entries, floors, strict=True) if c.spills]
@@ -181,130 +172,6 @@ def register_check(report: Report, *, sixteen_bit: bool = True) -> RegisterCheck
     return RegisterCheck(len(entries), len(must), sum(c.spills for c in must), len(spilled),
                          len(below), min((f.total / f.limit for _, f in spilled),
                                          default=math.nan))
-
-
-# --- predicted time: the roofline, stretched by the last wave ------------------------------------
-
-
-@dataclass(frozen=True)
-class Prediction:
-    """A kernel's predicted time on the GPU of its target (a prediction, not a measurement)."""
-
-    roofline: roofline.Estimate
-    programs: int  # grid size
-    slots: int  # SMs x resident blocks per SM
-    gpu: str
-    n_bytes: float  # main-memory traffic
-    note: str = ""  # what the traffic assumed
-
-    @property
-    def waves(self) -> int:
-        return math.ceil(self.programs / self.slots)
-
-    @property
-    def wave_efficiency(self) -> float:
-        return self.programs / (self.waves * self.slots)
-
-    @property
-    def time_s(self) -> float:
-        return self.roofline.time_s / self.wave_efficiency
-
-
-def predict(compiled: Compiled, flop: float, n_bytes: float, programs: int,
-            dtype: str | None = None) -> Prediction:
-    """The prediction for `compiled` doing `flop` FLOPs and `n_bytes` of traffic in `programs`
-    programs, at the `dtype` peak (default: the launch's dtype; fp32 uses the FMA units' rate)."""
-    gpu = GPU_OF_TARGET[compiled.launch.target]
-    ceilings = roofline.Ceilings.from_spec(gpu, dtype or compiled.launch.dtype)
-    blocks = compiled.occupancy().blocks_per_sm
-    if blocks == 0:
-        raise ValueError(f"{compiled.launch.label()} cannot launch: no block fits an SM")
-    slots = gpu.sm_count * blocks
-    return Prediction(roofline.estimate(flop, n_bytes, ceilings),
-                      checks.positive_int(programs, "programs"), slots, gpu.name, n_bytes)
-
-
-def predict_flash_forward(c: Compiled, batch: int, heads: int, seq: int) -> Prediction:
-    """The forward kernel of entry `c` on (batch, heads, seq, head_dim) inputs, n_q = n_k.
-
-    Each query tile re-reads its head's K and V. Programs start in grid order, query tiles of one
-    head first, so the resident ones cover ceil(resident / tiles per head) heads: when those
-    heads' K and V fit in the L2, the re-reads are L2 hits and main memory sees K and V once per
-    head; otherwise every re-read is counted (`flash_forward_traffic`)."""
-    d, causal = c.launch.problem["head_dim"], c.launch.problem["causal"]
-    t, dtype = c.launch.tile, c.launch.dtype
-    gpu = GPU_OF_TARGET[c.launch.target]
-    flop = A.attention_forward_flops(batch, heads, seq, seq, d, causal=causal)
-    tiles_per_head = math.ceil(seq / t["BLOCK_M"])
-    resident = gpu.sm_count * c.occupancy().blocks_per_sm
-    in_flight = min(batch * heads, math.ceil(resident / tiles_per_head))
-    kv_bytes = in_flight * 2 * seq * d * dtypes.bytes_per_element(dtype)
-    from_l2 = gpu.l2_bytes is not None and kv_bytes <= gpu.l2_bytes
-    block_q = seq if from_l2 else t["BLOCK_M"]  # one query tile per head: K and V read once
-    traffic = A.flash_forward_traffic(batch, heads, seq, seq, d, dtype, block_q=block_q,
-                                      block_k=t["BLOCK_N"], causal=causal)
-    heads_text = f"{in_flight} head{'s' * (in_flight > 1)}"
-    note = (f"the {heads_text} in flight hold {kv_bytes / 2**20:.0f} MiB of K and V, "
-            f"{'within' if from_l2 else 'more than'} the {gpu.l2_bytes / 2**20:.0f} MiB L2: "
-            f"{'re-reads hit it' if from_l2 else 'every re-read is counted'}")
-    p = predict(c, flop, traffic.total_bytes, tiles_per_head * batch * heads)
-    return Prediction(p.roofline, p.programs, p.slots, p.gpu, p.n_bytes, note)
-
-
-def why_this_tile(report: Report, target: str, *, dtype: str = "bf16", head_dim: int = 128,
-                  causal: bool = True, batch: int = 1, heads: int = 16,
-                  seq: int = 16_384) -> tuple[Compiled, str]:
-    """The kept forward tile with the lowest predicted time, and a sentence computed from the
-    numbers saying why (what was removed, the bound, the traffic, the waves)."""
-    entries = _flash(report, kernel="flash_attention.fwd", dtype=dtype, target=target,
-                     head_dim=head_dim, causal=causal)
-    kept = [c for c in entries if verdict(c) == "kept"]
-    if not kept:
-        raise ValueError(f"no kept forward tile for {dtype}, d={head_dim}, {target}")
-    preds = {id(c): predict_flash_forward(c, batch, heads, seq) for c in kept}
-    best = min(kept, key=lambda c: (preds[id(c)].time_s, -c.occupancy().warps_per_sm))
-    worst = max(kept, key=lambda c: preds[id(c)].time_s)
-    p, q = preds[id(best)], preds[id(worst)]
-    removed = Counter(short_verdict(c) for c in entries if verdict(c) != "kept")
-    why_removed = ", ".join(f"{n} {w}" for w, n in removed.items()) or "none"
-    t, spread = best.launch, q.time_s / p.time_s
-    if spread < CANNOT_CHOOSE:
-        choice = (f"every kept tile predicts {p.time_s * 1e3:.3g} to {q.time_s * 1e3:.3g} ms, "
-                  f"within {spread - 1:.0%} of each other: this model cannot choose between "
-                  "them, and the autotuner's timing does")
-    else:
-        choice = (f"the slowest kept tile, {_tile(worst)} with {worst.launch.num_warps} warps "
-                  f"and {worst.launch.num_stages} stages, predicts {q.time_s * 1e3:.3g} ms "
-                  f"({spread:.2f}x)")
-    text = (f"On the {p.gpu} ({target}), {dtype}, d = {head_dim}, "
-            f"{'causal' if causal else 'not causal'}, {seq:,} tokens x {heads} heads: "
-            f"{len(kept)} of {len(entries)} forward tiles are kept (removed: {why_removed}). "
-            f"The kernel is {p.roofline.bound} (roofline {p.roofline.time_s * 1e3:.3g} ms; "
-            f"{p.note}). {_tile(best)} with {t.num_warps} warps and {t.num_stages} stages "
-            f"predicts {p.time_s * 1e3:.3g} ms: {best.occupancy().blocks_per_sm} blocks per SM, "
-            f"{p.waves} waves with {p.wave_efficiency:.0%} of the slots busy, "
-            f"{best.registers} registers, no spills; {choice}.")
-    return best, text
-
-
-def flash_predictions(report: Report, target: str, problems: Iterable[tuple[int, int]], *,
-                      dtype: str = "bf16", head_dim: int = 128, causal: bool = True,
-                      heads: int = 16, measured: dict[tuple[int, int], float] | None = None,
-                      ) -> book.Table:
-    """Predicted forward time per (batch, seq) in `problems` for the tile `why_this_tile` picks
-    there, beside the roofline and, where `measured` has (batch, seq) -> seconds, the record."""
-    rows = []
-    for batch, seq in problems:
-        best, _ = why_this_tile(report, target, dtype=dtype, head_dim=head_dim, causal=causal,
-                                batch=batch, heads=heads, seq=seq)
-        p = predict_flash_forward(best, batch, heads, seq)
-        seen = (measured or {}).get((batch, seq))
-        rows.append([f"{seq:,}", batch, f"{_tile(best)} w{best.launch.num_warps}",
-                     f"{p.roofline.time_s * 1e3:.3g}", p.roofline.bound.split("-")[0],
-                     f"{p.wave_efficiency:.0%}", f"{p.time_s * 1e3:.3g}",
-                     "-" if seen is None else f"{seen * 1e3:.3g}"])
-    return book.Table(["seq", "batch", "tile", "roofline ms", "bound", "waves busy",
-                       "predicted ms", "measured ms"], rows)
 
 
 def row_table(report: Report, target: str, dtype: str = "bf16") -> book.Table:
@@ -325,46 +192,6 @@ def row_table(report: Report, target: str, dtype: str = "bf16") -> book.Table:
                          f"{min(warps)}-{max(warps)}", sum(c.spills for c in entries)])
     return book.Table(["kernel", "row length", "kept tiles", "registers", "warps/SM",
                        "spilled"], rows)
-
-
-def predict_row_kernel(c: Compiled, n_rows: int, n_cols: int) -> Prediction:
-    """A softmax or RMSNorm forward launch on (n_rows, n_cols): memory-bound by its bytes."""
-    kernel, dtype = c.launch.kernel, c.launch.dtype
-    if kernel == "softmax.fwd":
-        flop, traffic = flops.softmax_flops(n_rows, n_cols), B.softmax_traffic(n_rows, n_cols,
-                                                                                dtype)
-    elif kernel == "rmsnorm.fwd":
-        flop = flops.rmsnorm_flops(n_rows, n_cols)
-        traffic = B.norm_traffic(n_rows, n_cols, dtype, save_stats=True)
-    else:
-        raise ValueError(f"kernel={kernel!r}: predictions cover softmax.fwd and rmsnorm.fwd")
-    programs = math.ceil(n_rows / c.launch.tile["BLOCK_M"])
-    return predict(c, flop, traffic.total_bytes, programs, dtype="fp32")
-
-
-def row_predictions(report: Report, target: str, numel: int, widths: Iterable[int], *,
-                    dtype: str = "bf16") -> book.Table:
-    """Softmax and RMSNorm forward on `numel` elements in rows of each width: the kept tile with
-    the lowest predicted time (tile: rows per program and warps), its resources, and the
-    predicted time and bandwidth."""
-    rows = []
-    for kernel in ("softmax.fwd", "rmsnorm.fwd"):
-        for n_cols in widths:
-            n_rows = numel // n_cols
-            kept = [c for c in report.select(kernel, dtype, target, n_cols=n_cols)
-                    if verdict(c) == "kept"]
-            if not kept:
-                raise ValueError(f"no kept {kernel} tile at {n_cols} columns, {dtype}, {target}")
-            preds = {id(c): predict_row_kernel(c, n_rows, n_cols) for c in kept}
-            best = min(kept, key=lambda c: (preds[id(c)].time_s, -c.occupancy().warps_per_sm))
-            p = preds[id(best)]
-            rows.append([kernel, f"{n_cols:,}", f"{n_rows:,}",
-                         f"{best.launch.tile['BLOCK_M']} w{best.launch.num_warps}",
-                         best.registers, best.occupancy().warps_per_sm,
-                         f"{p.wave_efficiency:.0%}", f"{p.time_s * 1e6:,.0f}",
-                         f"{p.n_bytes / p.time_s / 1e9:,.0f}"])
-    return book.Table(["kernel", "cols", "rows", "tile", "regs", "warps/SM", "waves",
-                       "µs (pred.)", "GB/s"], rows)
 
 
 def row_room(report: Report, target: str, dtype: str = "bf16") -> str:

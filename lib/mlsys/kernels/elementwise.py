@@ -23,7 +23,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from mlsys import checks
-from mlsys.accounting import bytes as B
+from mlsys.accounting import bytes as bytes_moved
 from mlsys.accounting import flops
 from mlsys.kernels._triton import check_input, check_tensor, require_triton, tl, triton
 
@@ -58,12 +58,12 @@ def repeat_unary_flops(n_elements: int, k: int, op: str = "fma") -> int:
 
 def repeat_unary_bytes(n_elements: int, dtype: object) -> int:
     """Bytes the fused kernel moves (read once, write once, any k): `bytes.fused_chain_traffic`."""
-    return B.fused_chain_traffic(n_elements, dtype).total_bytes
+    return bytes_moved.fused_chain_traffic(n_elements, dtype).total_bytes
 
 
 def eager_chain_bytes(n_elements: int, dtype: object, k: int) -> int:
     """Bytes the eager chain of k ops moves (k reads + k writes): `bytes.eager_chain_traffic`."""
-    return B.eager_chain_traffic(n_elements, dtype, k).total_bytes
+    return bytes_moved.eager_chain_traffic(n_elements, dtype, k).total_bytes
 
 
 BLOCK = 1024

@@ -5,7 +5,7 @@ Forward (`_flash_fwd_kernel`, grid: query tiles x batch * heads): a program load
 query rows once and streams K and V in tiles of BLOCK_N keys. Per tile: S = Q K^T (fp32), then the
 online softmax: m_new = max(m, rowmax S), P = exp(S - m_new), l = l e^(m - m_new) + rowsum P,
 acc = acc e^(m - m_new) + P V. At the end O = acc / l and L = m + log l. Causal (bottom-right,
-`mlsys.models.attention`): key tiles past the tile's last row are never loaded (the loop bound),
+`mlsys.ops.attention`): key tiles past the tile's last row are never loaded (the loop bound),
 tiles crossing the diagonal are masked; ragged sequence ends are masked the same way.
 Backward, from q, k, v, O, L and dO, with P = exp(S - L) recomputed per tile:
     `_flash_bwd_preprocess_kernel`  D = rowsum(dO * O) (= rowsum(P * dP)), one fp32 per query;
@@ -19,16 +19,14 @@ to run; (2) a second kernel that recomputes S and dP per tile (done here): 7 mat
 (`accounting.attention.BACKWARD_MATMULS`), no atomics, deterministic gradients bit for bit, and
 each kernel one plain loop to read. Chosen for the determinism and the reading.
 
-Costs for n = n_q = n_k, d, b bytes: naive (`accounting.attention.naive_attention_ops`) moves
-~6 n^2 elements per head (8 causal: S and P written and read by each eager op); this kernel reads
-Q once, K and V once per query tile and writes O and L: 2 n d + 2 n d ceil(n / BLOCK_M) elements
-+ 4n bytes (`flash_forward_traffic`). FLOPs 4 n^2 d (half when causal); backward 3.5x
+Costs for n = n_q = n_k, d, b bytes: naive (`accounting.attention_traffic.naive_attention_ops`)
+moves ~6 n^2 elements per head (8 causal: S and P written and read by each eager op); this kernel
+reads Q once, K and V once per query tile and writes O and L: 2 n d + 2 n d ceil(n / BLOCK_M)
+elements + 4n bytes (`flash_forward_traffic`). FLOPs 4 n^2 d (half when causal); backward 3.5x
 (`flash_attention_flops`, `flash_attention_backward_flops`).
 
-Tiles are autotuned on a GPU over `tile_configs`, pruned by the compile report (no tile that
-spills registers, overflows shared memory or misses the tensor cores: `mlsys.kernels.tile_space`)
-and by the device's shared memory (`tile_smem_bytes`); under the interpreter, autotuning fails
-(Triton 3.7: "0 active drivers") and `INTERPRETER_TILES` is used. Head dims 16, 32, 64, 128
+Tiles are autotuned on a GPU, or fixed under the interpreter (`mlsys.kernels.flash_tiles`: the
+space, and what the compile report removed from it). Head dims 16, 32, 64, 128
 (tl.arange needs a power of two, tl.dot K >= 16, 128 bounds the registers per program); others
 are refused (use `FlashAttentionTorch`).
 Dtypes fp16, bf16, fp32 (fp32 statistics and accumulators always); under the CPU interpreter
@@ -36,46 +34,39 @@ fp16 and fp32 only (its bf16 arithmetic is wrong: `check_input` refuses it). fp3
 `tl.dot(..., input_precision="ieee")`: on NVIDIA GPUs Triton's default is TF32 (10-bit mantissa,
 ~1e-3 relative error), which fp32 tolerances would not pass; for speed, use bf16/fp16 inputs.
 References: Dao et al., "FlashAttention" (2022), arXiv:2205.14135; Dao, "FlashAttention-2"
-(2023), arXiv:2307.08691; Triton tutorial 06 (fused attention). Used in: chapter 06.
+(2023), arXiv:2307.08691; Triton tutorial 06 (fused attention). Used in: chapter 06, and as the
+model's "flash_triton" backend (`mlsys.models.attention`).
+
+One module, longer than most: the forward and the three backward kernels share their argument
+layout, masks and tiles, and the host code that checks, launches and differentiates them (with
+`aot_args`, which hands the compiler exactly the launchers' arguments) is read beside them.
 """
 
 from __future__ import annotations
 
-import functools
 import math
-from typing import Any
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from mlsys import dtypes, hardware
-from mlsys.accounting import attention as A
-from mlsys.accounting import tiles
-from mlsys.kernels import tile_space
-from mlsys.kernels._triton import (
-    HAS_TRITON,
-    INTERPRETED,
-    check_input,
-    require_triton,
-    tl,
-    triton,
-)
-from mlsys.models.attention import attention, check_qkv
+from mlsys.accounting import attention as attention_cost
+from mlsys.accounting import attention_traffic
+from mlsys.kernels._triton import check_input, require_triton, tl, triton
+from mlsys.kernels.flash_tiles import tiled
+from mlsys.ops.attention import attention, check_qkv
 
 HEAD_DIMS = (16, 32, 64, 128)
 """Head dims the kernels take."""
 FP32_DOT_PRECISION = "ieee"
 """tl.dot on fp32 tiles in full fp32 ("tf32" would be faster on a GPU, ~1e-3 relative error)."""
-INTERPRETER_TILES = (32, 32)
-"""(BLOCK_M, BLOCK_N) under the CPU interpreter, where nothing is tuned."""
 
 
 def flash_attention_ref(
     q: Float[Tensor, "*batch n_q d"], k: Float[Tensor, "*batch n_k d"],
     v: Float[Tensor, "*batch n_k d"], is_causal: bool = False,
 ) -> tuple[Float[Tensor, "*batch n_q d"], Float[Tensor, "*batch n_q"]]:
-    """(O, L) from `mlsys.models.attention.attention` (float64 inputs: the test oracle)."""
+    """(O, L) from `mlsys.ops.attention.attention` (float64 inputs: the test oracle)."""
     return attention(q, k, v, is_causal=is_causal, return_lse=True)
 
 
@@ -85,142 +76,40 @@ def flash_attention_ref(
 def flash_attention_flops(batch: int, heads: int, n_q: int, n_k: int, d_head: int, *,
                           is_causal: bool = False, convention: str = "exact") -> int:
     """Forward matmul FLOPs, 4 d per attended pair: `attention.attention_forward_flops`."""
-    return A.attention_forward_flops(batch, heads, n_q, n_k, d_head, causal=is_causal,
-                                     convention=convention)
+    return attention_cost.attention_forward_flops(batch, heads, n_q, n_k, d_head,
+                                                  causal=is_causal, convention=convention)
 
 
 def flash_attention_backward_flops(batch: int, heads: int, n_q: int, n_k: int, d_head: int, *,
                                    is_causal: bool = False, convention: str = "exact") -> int:
     """Backward matmul FLOPs with the separate dQ kernel: 3.5x the forward's."""
-    return A.attention_backward_flops(batch, heads, n_q, n_k, d_head, causal=is_causal,
-                                      convention=convention, strategy="separate_dq")
+    return attention_cost.attention_backward_flops(batch, heads, n_q, n_k, d_head,
+                                                   causal=is_causal, convention=convention,
+                                                   strategy="separate_dq")
 
 
 def flash_attention_bytes(batch: int, heads: int, n_q: int, n_k: int, d_head: int, dtype: object,
                           *, block_m: int, block_n: int, is_causal: bool = False) -> int:
-    """Forward traffic for tiles (block_m, block_n): `attention.flash_forward_traffic`."""
-    return A.flash_forward_traffic(batch, heads, n_q, n_k, d_head, dtype, block_q=block_m,
-                                   block_k=block_n, causal=is_causal).total_bytes
+    """Forward traffic for tiles (block_m, block_n): `attention_traffic.flash_forward_traffic`."""
+    return attention_traffic.flash_forward_traffic(batch, heads, n_q, n_k, d_head, dtype,
+                                                   block_q=block_m, block_k=block_n,
+                                                   causal=is_causal).total_bytes
 
 
 def flash_attention_backward_bytes(batch: int, heads: int, n_q: int, n_k: int, d_head: int,
                                    dtype: object, *, block_m: int, block_n: int,
                                    is_causal: bool = False) -> int:
-    """Backward traffic of the three kernels: `attention.flash_backward_traffic`."""
-    return A.flash_backward_traffic(batch, heads, n_q, n_k, d_head, dtype, block_q=block_m,
-                                    block_k=block_n, causal=is_causal,
-                                    strategy="separate_dq").total_bytes
-
-
-# --- tiles: autotune space, what the compile report removed, the interpreter's fixed choice ------
-
-TILES: dict[str, tuple[tuple[int, int], ...]] = {
-    "fwd": ((64, 32), (64, 64), (128, 32), (128, 64)),  # (query tile held, key tile streamed)
-    "dkdv": ((32, 64), (32, 128), (64, 64), (64, 128)),  # (query tile streamed, key tile held)
-    "dq": ((64, 32), (64, 64), (128, 32), (128, 64)),  # (query tile held, key tile streamed)
-}
-"""(BLOCK_M, BLOCK_N) tried per kernel for 16-bit inputs, each with 4 or 8 warps and 2 or 3
-pipeline stages."""
-TILES_FP32 = ((16, 32), (32, 16), (32, 32), (32, 64), (64, 32))
-"""(BLOCK_M, BLOCK_N) tried for fp32 inputs, each with 8 warps and 1 or 2 stages. The IEEE fp32
-dot runs on the FMA units with each thread's slices of both operands in registers, so the 16-bit
-space's tiles spill, or leave nothing at head dim 128 (compile report); 8 warps halve each
-thread's share. fp32 is the exact path, not the fast one: a small space costs little to tune."""
-GPU_FIXED_LAUNCH = {"num_warps": 8, "num_stages": 2}
-"""Launch options when tiles are given explicitly on a GPU (no tuning): 8 warps, because 4-warp
-programs of the larger tiles spill (compile report)."""
-
-
-def tile_configs(kernel: str, dtype: str = "bf16") -> list[Any]:
-    """The autotune space of one kernel ("fwd", "dkdv", "dq") for inputs of `dtype`."""
-    if dtypes.canonical(dtype) == "fp32":
-        return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=8, num_stages=s)
-                for m, n in TILES_FP32 for s in (1, 2)]
-    return [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
-            for m, n in TILES[kernel] for w in (4, 8) for s in (2, 3)]
-
-
-def tile_smem_bytes(kernel: str, block_m: int, block_n: int, head_dim: int, elem_bytes: int,
-                    num_stages: int, arch: str = "sm_90") -> int:
-    """Shared memory of one program on `arch` (16-bit inputs; fp32 ones use less):
-    `mlsys.accounting.tiles.flash_smem_bytes`, checked against the compiler for every tile."""
-    return tiles.flash_smem_bytes(kernel, block_m, block_n, head_dim, elem_bytes, num_stages,
-                                  arch)
-
-
-@functools.cache
-def _device_smem_bytes(index: int) -> int:
-    return triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"]
-
-
-def keep_tiles(configs: list[Any], kernel: str, head_dim: int, dtype: str, target: str,
-               smem_bytes: int | None = None) -> list[Any]:
-    """The configs of `dtype`'s space (`tile_configs`) that the compile report did not remove for
-    (kernel, dtype, head_dim, target) and whose `tile_smem_bytes` fit `smem_bytes` (default: the
-    target's opt-in maximum per block); if none is left, the one needing the least memory."""
-    dtype = dtypes.canonical(dtype)
-    limit = smem_bytes or hardware.sm_architecture(target).shared_per_block_bytes
-    gone = tile_space.removed(f"flash_attention.{kernel}", dtype, target, head_dim=head_dim)
-    space = {tile_space.tile_key(c.kwargs, c.num_warps, c.num_stages)
-             for c in tile_configs(kernel, dtype)}
-    configs = [c for c in configs
-               if tile_space.tile_key(c.kwargs, c.num_warps, c.num_stages) in space]
-    if not configs:
-        raise ValueError(f"none of the configs is in the {dtype} space of the {kernel} kernel "
-                         "(tile_configs(kernel, dtype))")
-
-    def need(c):
-        return tile_smem_bytes(kernel, c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], head_dim,
-                               dtypes.bytes_per_element(dtype), c.num_stages, target)
-
-    kept = [c for c in configs if need(c) <= limit
-            and tile_space.tile_key(c.kwargs, c.num_warps, c.num_stages) not in gone]
-    return kept or [min(configs, key=need)]
-
-
-def launchable_tiles(kernel: str, head_dim: int, dtype: str, target: str) -> list[Any]:
-    """The tiles the autotuner may time for this kernel, head dim, dtype and target."""
-    return keep_tiles(tile_configs(kernel, dtype), kernel, head_dim, dtype, target)
-
-
-def _prune(configs, named_args, kernel: str, **kwargs):
-    q = named_args["q_ptr"]
-    return keep_tiles(configs, kernel, kwargs["HEAD_DIM"], dtypes.canonical(q.dtype),
-                      tile_space.device_target(q.device),
-                      _device_smem_bytes(q.device.index or 0))
-
-
-class _TileKernel:
-    """A flash kernel launched as `kernel.launch(grid, tiles, *args, **constexprs)`: autotuned on
-    a GPU when `tiles` is None; with the given (BLOCK_M, BLOCK_N) otherwise, and always under the
-    interpreter (`INTERPRETER_TILES`), whose autotuner cannot run."""
-
-    def __init__(self, fn: Any, kernel: str):
-        self.fn, self.kernel, self.tuned = fn, kernel, None
-        if HAS_TRITON and not INTERPRETED:
-            self.tuned = triton.autotune(
-                configs=tile_configs(kernel) + tile_configs(kernel, "fp32"),
-                key=["n_q", "n_k", "HEAD_DIM", "IS_CAUSAL"],
-                prune_configs_by={"early_config_prune": functools.partial(_prune, kernel=kernel)},
-            )(fn)
-
-    def launch(self, grid: Any, tiles: tuple[int, int] | None, *args: Any, **constexprs: Any):
-        if tiles is None and self.tuned is not None:
-            return self.tuned[grid](*args, **constexprs)
-        block_m, block_n = tiles or INTERPRETER_TILES
-        meta = {**constexprs, "BLOCK_M": block_m, "BLOCK_N": block_n}
-        options = {} if INTERPRETED else GPU_FIXED_LAUNCH
-        return self.fn[grid(meta)](*args, **meta, **options)
-
-
-def _tiled(kernel: str):
-    return lambda fn: _TileKernel(fn, kernel)
+    """Backward traffic of the three kernels: `attention_traffic.flash_backward_traffic`."""
+    return attention_traffic.flash_backward_traffic(batch, heads, n_q, n_k, d_head, dtype,
+                                                    block_q=block_m, block_k=block_n,
+                                                    causal=is_causal,
+                                                    strategy="separate_dq").total_bytes
 
 
 # --- the kernels ----------------------------------------------------------------------------------
 
 
-@_tiled("fwd")
+@tiled("fwd")
 @triton.jit
 def _flash_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
                       stride_qb, stride_qh, stride_qm, stride_qd,
@@ -300,7 +189,7 @@ def _flash_bwd_preprocess_kernel(o_ptr, do_ptr, delta_ptr,
     tl.store(delta_ptr + bh.to(tl.int64) * n_q + rows, tl.sum(o * do, axis=1), mask=row_ok)
 
 
-@_tiled("dkdv")
+@tiled("dkdv")
 @triton.jit
 def _flash_bwd_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
                            stride_qb, stride_qh, stride_qm, stride_qd,
@@ -358,7 +247,7 @@ def _flash_bwd_dkdv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_p
     tl.store(dv_ptr + out, dv.to(dv_ptr.dtype.element_ty), mask=col_ok[:, None])
 
 
-@_tiled("dq")
+@tiled("dq")
 @triton.jit
 def _flash_bwd_dq_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
                          stride_qb, stride_qh, stride_qm, stride_qd,
@@ -564,13 +453,3 @@ def flash_attention(
     Costs: `flash_attention_flops`, `flash_attention_bytes`.
     """
     return FlashAttentionTriton.apply(q, k, v, is_causal)
-
-
-def flash_triton_causal_attention(
-    q: Float[Tensor, "batch heads seq d_head"],
-    k: Float[Tensor, "batch heads seq d_head"],
-    v: Float[Tensor, "batch heads seq d_head"],
-) -> Float[Tensor, "batch heads seq d_head"]:
-    """The "flash_triton" backend of the model: causal `flash_attention`. Runs where Triton does
-    (a CUDA GPU, or the CPU under the interpreter), else a clear error naming what to use."""
-    return flash_attention(q, k, v, True)

@@ -22,7 +22,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from mlsys import checks
-from mlsys.accounting import bytes as B
+from mlsys.accounting import bytes as bytes_moved
 from mlsys.accounting import flops
 from mlsys.kernels._triton import (
     INTERPRETED,
@@ -30,11 +30,11 @@ from mlsys.kernels._triton import (
     check_same,
     check_tensor,
     require_triton,
-    row_autotune,
     rows_cols,
     tl,
     triton,
 )
+from mlsys.kernels.row_tiles import row_autotune
 
 MAX_COLS = 8192
 """Longest row the single-pass kernels hold in registers without spilling, on sm_80 and sm_90 (the
@@ -55,13 +55,13 @@ def rmsnorm_ref(
 def rmsnorm_bytes(shape: tuple[int, ...], dtype: object) -> int:
     """Forward traffic: read x and weight, write y (in dtype) and rstd (fp32, one per row).
     Delegates to `bytes.norm_traffic(..., save_stats=True)`."""
-    return B.norm_traffic(*rows_cols(shape), dtype, save_stats=True).total_bytes
+    return bytes_moved.norm_traffic(*rows_cols(shape), dtype, save_stats=True).total_bytes
 
 
 def rmsnorm_backward_bytes(shape: tuple[int, ...], dtype: object) -> int:
     """Backward traffic: read x, dy, weight and rstd; write dx and dweight (the fp32 partial sums
     of dweight excluded). Delegates to `bytes.rmsnorm_backward_traffic`."""
-    return B.rmsnorm_backward_traffic(*rows_cols(shape), dtype).total_bytes
+    return bytes_moved.rmsnorm_backward_traffic(*rows_cols(shape), dtype).total_bytes
 
 
 def rmsnorm_flops(shape: tuple[int, ...]) -> int:

@@ -26,17 +26,17 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from mlsys.accounting import bytes as B
+from mlsys.accounting import bytes as bytes_moved
 from mlsys.accounting import flops
 from mlsys.kernels._triton import (
     check_input,
     check_tensor,
     require_triton,
-    row_autotune,
     rows_cols,
     tl,
     triton,
 )
+from mlsys.kernels.row_tiles import row_autotune
 
 MAX_COLS = 16384
 """Longest row the single-pass kernels hold in registers without spilling, on sm_80 and sm_90 (the
@@ -62,17 +62,17 @@ def naive_softmax(x: Float[Tensor, "... n"]) -> Float[Tensor, "... n"]:
 
 def softmax_bytes(shape: tuple[int, ...], dtype: object) -> int:
     """Fused forward traffic, read x + write y = 2MN elements: `bytes.softmax_traffic`."""
-    return B.softmax_traffic(*rows_cols(shape), dtype).total_bytes
+    return bytes_moved.softmax_traffic(*rows_cols(shape), dtype).total_bytes
 
 
 def naive_softmax_bytes(shape: tuple[int, ...], dtype: object) -> int:
     """Traffic of `naive_softmax`, 8MN + 4M elements: `bytes.naive_softmax_traffic`."""
-    return B.naive_softmax_traffic(*rows_cols(shape), dtype).total_bytes
+    return bytes_moved.naive_softmax_traffic(*rows_cols(shape), dtype).total_bytes
 
 
 def softmax_backward_bytes(shape: tuple[int, ...], dtype: object) -> int:
     """Fused backward traffic, read y, dy + write dx = 3MN: `bytes.softmax_backward_traffic`."""
-    return B.softmax_backward_traffic(*rows_cols(shape), dtype).total_bytes
+    return bytes_moved.softmax_backward_traffic(*rows_cols(shape), dtype).total_bytes
 
 
 def softmax_flops(shape: tuple[int, ...]) -> int:

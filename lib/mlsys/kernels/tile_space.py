@@ -3,7 +3,7 @@
 `mlsys.kernels.compile_report` compiles every candidate tile of every kernel for sm_80 and sm_90
 and judges each one (`aot.verdict`): a tile that spills registers, overflows shared memory, fails
 to compile or (16-bit flash) misses the tensor cores is removed. The autotuners' pruning functions
-(`_triton.keep_row_tiles`, `flash_attention.keep_tiles`) ask `removed` here, so those tiles are
+(`row_tiles.keep_row_tiles`, `flash_tiles.keep_tiles`) ask `removed` here, so those tiles are
 never timed, and never chosen. The report is the committed `compile_report.json` beside this
 module, written only by `python -m mlsys.kernels.compile_report` (`make compile-report`).
 

@@ -6,8 +6,9 @@ blocks (the last may be shorter) and runs each segment under
 segment's input, and the backward reruns one segment's forward at a time to get back what it
 needs. segment=1 checkpoints every block; segment ~ sqrt(n_layers) is the classic sqrt(L) plan of
 Chen et al. (2016), "Training Deep Nets with Sublinear Memory Cost". What it saves and recomputes
-is predicted by `mlsys.accounting.activations` (`saved_bytes(..., checkpoint_segment=...)`,
-`recompute_flops`), and the tests check both against `SavedTensors` and `FlopCounterMode`.
+is predicted by `mlsys.accounting.activations` (`saved_bytes(..., checkpoint_segment=...)`) and
+`mlsys.accounting.recompute` (`recompute_flops`), and the tests check both against
+`SavedTensors` and `FlopCounterMode`.
 
 How: the model's forward loops `for block in self.blocks`. The blocks move, unchanged, into a
 `CheckpointedBlocks` list (same parameter names, same state dict) whose iteration yields one

@@ -16,19 +16,13 @@ from typing import Any
 
 from mlsys import checks
 
-ATTENTION_BACKENDS: dict[str, str] = {
-    "naive": "mlsys.models.attention:naive_causal_attention",
-    "sdpa": "mlsys.models.attention:sdpa_causal_attention",
-    "flash_torch": "mlsys.models.attention:flash_torch_causal_attention",
-    "flash_triton": "mlsys.kernels.flash_attention:flash_triton_causal_attention",
-}
-"""The one registry of attention implementations: name -> "module:function" (resolved, and
-imported, only by `mlsys.models.attention.backend`, so this file stays torch-free). The model's
-`attention` field takes any of these names; a backend is chosen explicitly, never swapped
-quietly. Each is causal, (batch, heads, seq, d_head) in and out: "naive" writes the scores out,
-"sdpa" is PyTorch's fused kernel, "flash_torch" FlashAttention-2 tiled in PyTorch, "flash_triton"
-the Triton kernels (a CUDA GPU, or the CPU under Triton's interpreter; d_head 16 to 128, a power
-of two)."""
+ATTENTION_BACKENDS: tuple[str, ...] = ("naive", "sdpa", "flash_torch", "flash_triton")
+"""The names of the attention implementations (their functions: `mlsys.models.attention.BACKENDS`,
+so this file stays torch-free). The model's `attention` field takes any of these names; a backend
+is chosen explicitly, never swapped quietly. Each is causal, (batch, heads, seq, d_head) in and
+out: "naive" writes the scores out, "sdpa" is PyTorch's fused kernel, "flash_torch"
+FlashAttention-2 tiled in PyTorch, "flash_triton" the Triton kernels (a CUDA GPU, or the CPU under
+Triton's interpreter; d_head 16 to 128, a power of two)."""
 
 _SIZE_FIELDS = ("vocab_size", "context_length", "d_model", "n_layers", "n_heads", "d_ff")
 

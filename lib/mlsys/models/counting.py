@@ -11,7 +11,9 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from mlsys.checks import positive_ints
+from mlsys.models.checkpointing import checkpoint_blocks
 from mlsys.models.config import TransformerConfig
+from mlsys.models.transformer import Transformer
 
 
 def count_model_flops(cfg: TransformerConfig, batch: int, seq: int, *, backward: bool = False,
@@ -26,16 +28,12 @@ def count_model_flops(cfg: TransformerConfig, batch: int, seq: int, *, backward:
     checkpointed in segments of that many (`mlsys.models.checkpointing`), so the backward's
     count includes the forward it reruns.
     """
-    from mlsys.models.transformer import Transformer
-
     if not isinstance(cfg, TransformerConfig):
         raise TypeError(f"cfg must be a TransformerConfig, got {type(cfg).__name__}")
     positive_ints(batch=batch, seq=seq)
     with torch.device("meta"):
         model = Transformer(cfg)
         if checkpoint_segment is not None:
-            from mlsys.models.checkpointing import checkpoint_blocks
-
             checkpoint_blocks(model, checkpoint_segment)
         tokens = torch.zeros(batch, seq, dtype=torch.long)
         with FlopCounterMode(display=False) as counter:

@@ -12,8 +12,9 @@ and reshards its state. The hand-written strategies of `mlsys.distributed` teach
 - `data`: a byte-level corpus every machine has (the Python standard library's source) in a
   memory-mapped token file, a user's own token file, and a deterministic sampler sharded by
   data-parallel rank whose position is saved with the checkpoint.
-- `checkpoint`: DCP checkpoints, one directory per step with `.metadata` as the commit marker,
-  loaded under any mesh, refused for another model config, exported to one file.
+- `checkpoint`: DCP checkpoints, saved sharded, loaded under any mesh, exported to one file;
+  `checkpoint_layout`: one directory per step with `.metadata` as the commit marker, the latest
+  complete step, and the refusal of another model config's checkpoint.
 - `options`: the run's flags and every check made before any process-group work.
 - `parallelize`: the DeviceMesh and the order in which torch's strategies are applied.
 - `loop`: AdamW, warm-up and cosine schedule, clipping on the global norm, accumulation,

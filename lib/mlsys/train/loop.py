@@ -8,7 +8,7 @@ learning rate of `lr_at`: linear warm-up, then a cosine to `min_lr_ratio` of the
 logs each step (loss, learning rate, gradient norm, tokens/s, MFU, peak memory) to a JSON-lines
 file and a progress bar. With `--ckpt`, a run resumes from the last complete checkpoint: the
 model, optimizer, sampler position and step come back, so the resumed run computes what the
-uninterrupted one would have, bit for bit (tests/test_train.py). Used in: chapter 10.
+uninterrupted one would have, bit for bit (tests/train/test_main.py). Used in: chapter 10.
 """
 
 from __future__ import annotations
@@ -27,10 +27,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
+from tqdm.auto import tqdm
 
 from mlsys import hardware, probes
 from mlsys.accounting import flops
-from mlsys.train import checkpoint, data, options, parallelize
+from mlsys.train import checkpoint, checkpoint_layout, data, options, parallelize
 from mlsys.train.options import Run
 
 
@@ -92,8 +93,6 @@ class Logger:
         self.file = open(path, "a") if rank == 0 and path else None  # noqa: SIM115
         self.bar = None
         if rank == 0 and not o.quiet:
-            from tqdm.auto import tqdm
-
             self.bar = tqdm(total=run.steps, initial=start, desc="train", unit="step")
 
     def __call__(self, row: dict[str, Any]) -> None:
@@ -131,7 +130,7 @@ def train(run: Run, mesh: Any | None = None) -> list[dict[str, Any]]:
     schedule = parallelize.pipeline(stage, run, mesh, loss_fn) if d.pp > 1 else None
     pp_group = mesh["pp"].get_group() if d.pp > 1 else None
     start = 0
-    if o.ckpt and (last := checkpoint.latest(Path(o.ckpt))) is not None:
+    if o.ckpt and (last := checkpoint_layout.latest(Path(o.ckpt))) is not None:
         extra = checkpoint.load(last, stage, optimizer)
         sampler.load_state_dict(extra["sampler"])
         start = sampler.step

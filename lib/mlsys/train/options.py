@@ -16,11 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from mlsys import checks, env, hardware
-from mlsys.accounting import parallel as P
-from mlsys.accounting import planner
+from mlsys.accounting import parallel, planner
 from mlsys.models.config import PRESETS, TransformerConfig
 from mlsys.policies import POLICIES, PrecisionPolicy, policy
+from mlsys.tables import mesh_text
+from mlsys.train import checkpoint_layout, data
 
 TRAINABLE = tuple(name for name, p in POLICIES.items() if p.optimizer == "adamw")
 """The chapter-07 recipes this entry point trains with (it runs AdamW)."""
@@ -63,7 +66,7 @@ class Run:
 
     options: Options
     config: TransformerConfig
-    dims: P.ParallelDims
+    dims: parallel.ParallelDims
     policy: PrecisionPolicy
     steps: int
     warmup: int
@@ -156,8 +159,6 @@ def parse(argv: list[str] | None = None) -> Options:
 def memory_limit_bytes(device: str) -> tuple[float, str]:
     """What one rank may hold: the GPU's memory, or this machine's RAM shared by its ranks."""
     if device == "cuda":
-        import torch
-
         return float(torch.cuda.get_device_properties(0).total_memory), "GPU memory"
     ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
@@ -165,18 +166,16 @@ def memory_limit_bytes(device: str) -> tuple[float, str]:
 
 
 def _auto_mesh(cfg: TransformerConfig, world: int, batch: int, seq: int, recipe: str,
-               device: str) -> tuple[P.ParallelDims, str]:
+               device: str) -> tuple[parallel.ParallelDims, str]:
     key = None
     if device == "cuda":
-        import torch
-
         key = hardware.CUDA_DEVICE_NAMES.get(torch.cuda.get_device_name().strip())
     cluster = {"a100": "dgx-a100", "b200": "dgx-b200"}.get(key or "", "dgx-h100")
     plans = planner.plan(cfg, cluster, n_devices=world, batch=batch, seq=seq, recipe=recipe,
                          fixed={"cp": 1})
     best = plans[0]
     why = (f"--mesh auto: the planner's first of {len(plans)} meshes for {world} ranks on "
-           f"{cluster} ({planner.mesh_text(best.dims)}, {best.microbatches} micro-batches): "
+           f"{cluster} ({mesh_text(best.dims)}, {best.microbatches} micro-batches): "
            f"predicted {best.step_s * 1e3:.3g} ms/step, {best.memory.total / 1e9:.3g} GB/device, "
            f"limited by {best.limit}")
     return best.dims, why
@@ -206,7 +205,7 @@ def resolve(options: Options, world_size: int) -> Run:
                          f"entry point trains with AdamW: one of {', '.join(TRAINABLE)}")
     why = ""
     if o.mesh is None:
-        dims = P.ParallelDims(dp_shard=world)
+        dims = parallel.ParallelDims(dp_shard=world)
     elif o.mesh.strip() == "auto":
         dims, why = _auto_mesh(cfg, world, o.global_batch, o.seq_len, chosen.name, device)
     else:
@@ -218,7 +217,7 @@ def resolve(options: Options, world_size: int) -> Run:
             given = " * ".join(f"{a} ({v})" for a, v in degrees.items())
             raise ValueError(f"--mesh {o.mesh}: {given} = {product}, but torchrun started "
                              f"{world} ranks; the product must equal the world size")
-        dims = P.ParallelDims(**degrees)
+        dims = parallel.ParallelDims(**degrees)
     if dims.cp > 1:
         raise ValueError("--mesh cp > 1: torch's context parallelism "
                          "(torch.distributed.tensor.experimental.context_parallel) swaps in "
@@ -233,7 +232,7 @@ def resolve(options: Options, world_size: int) -> Run:
         raise ValueError(f"--global-batch ({o.global_batch}) must be divisible by dp "
                          f"({dims.dp}) * --micro-batch ({micro}) = {dims.dp * micro}")
     accumulation = o.global_batch // (dims.dp * micro)
-    P.check_model(cfg, dims, batch=o.global_batch, seq=o.seq_len, microbatches=accumulation)
+    parallel.check_model(cfg, dims, batch=o.global_batch, seq=o.seq_len, microbatches=accumulation)
     if dims.pp > 1 and accumulation < dims.pp:
         raise ValueError(f"pp ({dims.pp}) needs at least pp micro-batches per step to fill the "
                          f"pipeline, got {accumulation}: lower --micro-batch")
@@ -251,10 +250,10 @@ def resolve(options: Options, world_size: int) -> Run:
     return Run(o, cfg, dims, chosen, steps, warmup, micro, accumulation, device, why)
 
 
-def check_memory(cfg: TransformerConfig, dims: P.ParallelDims, chosen: PrecisionPolicy,
+def check_memory(cfg: TransformerConfig, dims: parallel.ParallelDims, chosen: PrecisionPolicy,
                  micro: int, seq: int, accumulation: int, device: str, preset: str) -> None:
     """ValueError when the planner's memory for this mesh exceeds what one rank may hold."""
-    need = P.device_memory(cfg, dims, micro_batch=micro, seq=seq, microbatches=accumulation,
+    need = parallel.device_memory(cfg, dims, micro_batch=micro, seq=seq, microbatches=accumulation,
                            recipe=chosen.name, act_dtype=chosen.compute_dtype,
                            sequence_parallel=dims.tp > 1)
     limit, what = memory_limit_bytes(device)
@@ -269,24 +268,22 @@ def check_memory(cfg: TransformerConfig, dims: P.ParallelDims, chosen: Precision
 
 def check_paths(run: Run) -> None:
     """The data file and the checkpoint directory, before any process-group work."""
-    from mlsys.train import checkpoint, data
-
     o = run.options
     if o.data is not None:
         tokens = data.TokenData(Path(o.data), dtype=o.data_dtype)
         tokens.check_vocab(run.config.vocab_size)
     if o.ckpt is not None:
-        checkpoint.check_writable(Path(o.ckpt))
-        last = checkpoint.latest(Path(o.ckpt))
+        checkpoint_layout.check_writable(Path(o.ckpt))
+        last = checkpoint_layout.latest(Path(o.ckpt))
         if last is not None:
-            checkpoint.check_compatible(last, dataclasses.asdict(run.config),
-                                        checkpoint.model_shapes(run.config))
+            checkpoint_layout.check_compatible(last, dataclasses.asdict(run.config),
+                                               checkpoint_layout.model_shapes(run.config))
 
 
 def describe(run: Run) -> str:
     """One paragraph: what this run trains, on which mesh and recipe, and why that mesh."""
     d, o = run.dims, run.options
-    mesh = planner.mesh_text(d) if d.world_size > 1 else "one rank"
+    mesh = mesh_text(d) if d.world_size > 1 else "one rank"
     lines = [f"train {o.preset} ({run.config.n_layers} layers, d_model {run.config.d_model}) on "
              f"{d.world_size} {run.device} rank(s): {mesh}; {run.policy.name}; {run.steps} steps "
              f"of {o.global_batch} x {o.seq_len} tokens ({run.accumulation} micro-batches of "

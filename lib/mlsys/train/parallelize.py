@@ -25,10 +25,21 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
 
 from mlsys import dtypes
-from mlsys.accounting.parallel import MESH_AXES, ParallelDims, stage_layers
-from mlsys.distributed import fsdp
+from mlsys.accounting.parallel import FSDP_AXES, MESH_AXES, ParallelDims, stage_layers
+from mlsys.distributed.fsdp_precision import mixed_precision_policy
 from mlsys.models.transformer import Transformer
 from mlsys.train.options import Run
 
@@ -63,28 +74,24 @@ class Stage(nn.Module):
 
 def device_mesh(dims: ParallelDims, device: str) -> Any:
     """The run's DeviceMesh over `MESH_AXES` (every axis, degree 1 included)."""
-    from torch.distributed.device_mesh import init_device_mesh
-
     return init_device_mesh(device, dims.shape, mesh_dim_names=MESH_AXES)
 
 
 def dp_mesh(mesh: Any, dims: ParallelDims) -> Any:
-    """The axes FSDP works over: dp_shard, or (dp_replicate, dp_shard) for HSDP."""
-    return mesh["dp_replicate", "dp_shard"] if dims.dp_replicate > 1 else mesh["dp_shard"]
+    """The axes FSDP works over: those of `FSDP_AXES` (dp_shard x cp) with a degree above 1, else
+    dp_shard; after dp_replicate for HSDP: dp_shard, or (dp_replicate, dp_shard). Context
+    parallelism is refused by `options`, so the shards lie along one axis."""
+    shard = [axis for axis in FSDP_AXES if getattr(dims, axis) > 1] or ["dp_shard"]
+    if len(shard) > 1:
+        raise ValueError(f"FSDP over several axes ({', '.join(shard)}) needs them flattened into "
+                         "one: the entry point shards over dp_shard alone (cp = 1)")
+    names = ("dp_replicate", *shard) if dims.dp_replicate > 1 else tuple(shard)
+    return mesh[names] if len(names) > 1 else mesh[names[0]]
 
 
 def apply_tp(stage: Stage, tp_mesh: Any, *, sequence_parallel: bool) -> None:
     """Megatron's split of every block over `tp_mesh` by `parallelize_module`; attention's
     `n_heads` becomes the local count. With `sequence_parallel`, norms run on sequence shards."""
-    from torch.distributed.tensor import Replicate, Shard
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        PrepareModuleInput,
-        RowwiseParallel,
-        SequenceParallel,
-        parallelize_module,
-    )
-
     n = tp_mesh.size()
     out = {"output_layouts": Shard(1)} if sequence_parallel else {}
     plan: dict[str, Any] = {**{f"attn.{p}": ColwiseParallel() for p in ("q_proj", "k_proj",
@@ -114,9 +121,7 @@ def apply_tp(stage: Stage, tp_mesh: Any, *, sequence_parallel: bool) -> None:
 
 def apply_fsdp(stage: Stage, mesh: Any, policy: Any) -> None:
     """FSDP2 on every block, then the stage, with the policy's mixed precision."""
-    from torch.distributed.fsdp import fully_shard
-
-    mp = fsdp.mixed_precision_policy(policy)
+    mp = mixed_precision_policy(policy)
     for block in stage.blocks.values():
         fully_shard(block, mesh=mesh, mp_policy=mp)
     fully_shard(stage, mesh=mesh, mp_policy=mp)
@@ -140,24 +145,21 @@ def build(run: Run, mesh: Any) -> Stage:
 
 def pipeline(stage: Stage, run: Run, mesh: Any, loss_fn: Any) -> Any:
     """A `Schedule1F1B` over mesh["pp"] for this stage, `run.accumulation` micro-batches."""
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
-
     device = next(stage.parameters()).device
     theirs = PipelineStage(stage, mesh["pp"].get_local_rank(), run.dims.pp, device,
                            group=mesh["pp"].get_group())
     return Schedule1F1B(theirs, run.accumulation, loss_fn=loss_fn)
 
 
-def grad_norm(stage: Stage, pp_group: Any = None) -> Tensor:
+def grad_norm(stage: Stage, pp_group: Any) -> Tensor:
     """The L2 norm of the whole model's gradient, across every shard and stage (fp32 scalar).
 
     A DTensor gradient's sum of squares is a DTensor reduction (`full_tensor` all-reduces the
     partial sums over exactly the mesh dimensions it is split on: summing the local squares over
     `device_mesh.get_group(i)` by hand miscounted FSDP2's strided shards on a 2-D mesh, giving
-    each data-parallel rank another norm). The stages' sums are added over `pp_group`.
+    each data-parallel rank another norm). The stages' sums are added over `pp_group` (None: a
+    run without a pipeline, one stage).
     """
-    from torch.distributed.tensor import DTensor
-
     total = torch.zeros((), dtype=torch.float32, device=next(stage.parameters()).device)
     for p in stage.parameters():
         g = p.grad
@@ -180,7 +182,5 @@ def clip_(stage: Stage, max_norm: float, norm: Tensor) -> None:
 
 def full_state(stage: Stage) -> dict[str, Tensor]:
     """This stage's weights, unsharded, on the CPU (DTensors gathered: a collective)."""
-    from torch.distributed.tensor import DTensor
-
     return {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().cpu().clone()
             for n, p in stage.named_parameters()}

@@ -1,0 +1,50 @@
+"""mlsys.accounting.parallel_traffic: the bytes each rank sends for tensor, context, pipeline and
+FSDP parallelism (against `accounting.comms`), and the time over the slowest link each group
+crosses. Pure: no ranks."""
+
+import pytest
+from parallel_cases import SETUP
+
+from mlsys import hardware
+from mlsys.accounting import parallel, parallel_traffic
+from mlsys.accounting.comms import collective_cost
+from mlsys.models.config import TransformerConfig
+
+CFG = SETUP.cfg  # the parallelism tests' model: 4 blocks, 4 heads, d_ff 24
+
+
+def test_traffic_formulas():
+    ar = collective_cost("all_reduce", 32 * 16 * 4, 2).sent_bytes
+    assert parallel_traffic.tp_sent_bytes(16, 2, tokens=32, n_blocks=3) == 3 * 4 * ar
+    ag = collective_cost("all_gather", 32 * 16 * 4, 2).sent_bytes
+    gains = collective_cost("all_reduce", 16 * 4, 2).sent_bytes
+    assert parallel_traffic.tp_sent_bytes(16, 2, tokens=32, n_blocks=3, sequence_parallel=True) == \
+        3 * (4 * ar + 2 * gains) + 2 * ag
+    assert parallel_traffic.tp_sent_bytes(16, 1, tokens=32, n_blocks=3) == 0
+    kv = 32 * 16 * 4
+    assert parallel_traffic.cp_sent_bytes(16, 4, tokens=32, n_blocks=1) == \
+        2 * 3 * 2 * kv + 4 * 2 * kv
+    assert [parallel_traffic.pp_sent_bytes(s, 3, activation_bytes=10, microbatches=4)
+            for s in range(3)] == [40, 80, 40]
+    assert parallel_traffic.padded(10, 4) == 12
+    units = parallel_traffic.fsdp_units(CFG, parallel.ParallelDims(pp=2, tp=2), 1)
+    assert len(units) == 1 + 2  # last stage: root (final norm, head) and two blocks
+
+
+def test_communication_time_takes_the_slowest_link_each_group_crosses():
+    cluster = hardware.get_cluster("dgx-h100")  # 8 GPUs per node: NVLink inside, IB between
+    small = TransformerConfig.preset("small")
+    dims = parallel.ParallelDims(dp_shard=2, tp=4)  # 8 ranks: one node
+    kw = {"batch": 8, "seq": 1024, "act_dtype": "bf16", "param_dtype": "bf16"}
+    sent = parallel_traffic.sent_bytes(small, dims, 0, **kw)
+    times = parallel_traffic.comm_time_s(small, dims, cluster, 0, **kw)
+    nvlink, ib = hardware.LINKS["nvlink4"].bytes_per_s, hardware.LINKS["ib-ndr"].bytes_per_s
+    assert times["tp"] == pytest.approx(sent["tp"] / nvlink)
+    assert times["all_gather"] == pytest.approx(sent["all_gather"] / nvlink)
+    wide = parallel.ParallelDims(dp_shard=4, tp=4)  # 16 ranks: the FSDP group spans two nodes
+    times = parallel_traffic.comm_time_s(small, wide, cluster, 0, **kw)
+    assert times["all_gather"] == pytest.approx(
+        parallel_traffic.sent_bytes(small, wide, 0, **kw)["all_gather"] / ib)
+    assert times["cp"] == times["pp"] == 0.0
+    with pytest.raises(TypeError, match="cluster must be a hardware.Cluster"):
+        parallel_traffic.comm_time_s(small, dims, "dgx-h100", 0, **kw)

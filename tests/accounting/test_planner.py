@@ -1,0 +1,142 @@
+"""mlsys.accounting.planner: every mesh is valid, the ranking follows the predictions, the
+predictions are the accounting's, and impossible meshes are clear errors. (`python -m mlsys
+plan`: tests/test_main.py.)"""
+
+import pytest
+
+from mlsys import hardware, plotting, tables
+from mlsys.accounting import parallel, planner
+from mlsys.accounting.flops import training_flops_per_token
+from mlsys.models.config import TransformerConfig
+
+SMALL = TransformerConfig.preset("small")  # 12 heads, d_ff 3,072
+H100 = hardware.get_cluster("dgx-h100")
+KW = {"n_devices": 16, "batch": 64, "seq": 1024}
+
+
+@pytest.fixture(scope="module")
+def plans():
+    return planner.plan(SMALL, "dgx-h100", **KW)
+
+
+def test_every_plan_is_a_valid_mesh_ranked_by_step_time(plans):
+    assert len(plans) == len({p.dims for p in plans}) > 10
+    for p in plans:
+        assert p.dims.world_size == 16 and p.dims.tp <= H100.per_node
+        parallel.check_model(SMALL, p.dims, batch=64, seq=1024, microbatches=p.microbatches)
+    fitting = [p.step_s for p in plans if p.fits]
+    assert fitting == sorted(fitting) and plans[0].fits
+    assert all(not p.fits for p in plans[len(fitting):])
+
+
+def test_a_plan_is_the_accountings_prediction(plans):
+    for p in plans:
+        flops = training_flops_per_token(SMALL, 1024) * 64 * 1024
+        peak = H100.accelerator.peak_flop_per_s("bf16")
+        assert p.compute_s == pytest.approx(flops / (16 * peak))
+        assert p.bubble_s == pytest.approx(p.compute_s * (p.dims.pp - 1) / p.microbatches)
+        assert p.mfu == pytest.approx(flops / (p.step_s * 16 * peak))
+        assert p.mfu <= 1.0
+        if p.dims.tp == 1:
+            assert p.exposed_s["tp"] == 0
+        memory = parallel.device_memory(SMALL, p.dims,
+                                        micro_batch=64 // p.dims.dp // p.microbatches, seq=1024,
+                                        microbatches=p.microbatches,
+                                        sequence_parallel=p.dims.tp > 1)
+        assert p.memory == memory
+
+
+def test_fixed_axes_and_micro_batches_are_held():
+    held = planner.plan(SMALL, H100, fixed={"tp": 4, "pp": 2}, microbatches=4, **KW)
+    assert {(p.dims.tp, p.dims.pp, p.microbatches) for p in held} == {(4, 2, 4)}
+    lower = planner.plan(SMALL, H100, efficiency=0.5, fixed={"dp_shard": 16}, **KW)[0]
+    assert lower.mfu <= 0.5
+
+
+def test_a_model_too_big_for_the_devices_does_not_fit():
+    # the CS336 XXL
+    (alone,) = planner.plan(parallel.XXL, "tpu-v5p", n_devices=1, batch=1, seq=1024)
+    assert not alone.fits and alone.memory.total > 3.5e12
+    assert "NO" in tables.plan_table([alone])[1]
+    pod = planner.plan(parallel.XXL, "tpu-v5p", n_devices=64, batch=64, seq=1024, fixed={"tp": 4})
+    assert pod[0].fits and pod[0].dims.fsdp * pod[0].dims.pp >= 16
+
+
+@pytest.mark.parametrize(("kw", "message"), [
+    ({"fixed": {"tp": 3}}, r"tp \(3\) does not divide the devices \(16\)"),
+    ({"fixed": {"tp": 16}}, r"tp \(16\) must be <= 8, the accelerators per node"),
+    ({"fixed": {"tp": 8, "pp": 4}}, r"= 32 != world_size \(16\)"),
+    ({"fixed": {"pp": 16}}, r"no mesh of 16 devices is valid .* pp \(16\) must be <= n_layers"),
+    ({"seq": 2048}, r"seq \(2048\) must be <= context_length \(1024\)"),
+    ({"fixed": {"ep": 2}}, "axis='ep' is not one of"),
+])
+def test_impossible_meshes_are_clear_errors(kw, message):
+    with pytest.raises(ValueError, match=message):
+        planner.plan(SMALL, "dgx-h100", **{**KW, **kw})
+
+
+def test_every_plan_says_what_it_would_cost_with_no_overlap(plans):
+    for p in plans:
+        assert set(p.communication_s) == set(p.exposed_s)
+        assert all(p.communication_s[k] >= p.exposed_s[k] - 1e-15 for k in p.exposed_s)
+        assert p.serial_step_s == pytest.approx(p.compute_s + p.bubble_s
+                                                + sum(p.communication_s.values()))
+        assert p.serial_step_s >= p.step_s
+    fsdp = next(p for p in plans if p.dims.dp_shard == 16)
+    assert fsdp.communication_s["fsdp"] > 0 and fsdp.exposed_s["fsdp"] < \
+        fsdp.communication_s["fsdp"]  # at 4,096 tokens per GPU FSDP hides behind compute
+
+
+def test_mesh_names():
+    assert planner.family(parallel.ParallelDims(dp_shard=4, tp=2)) == "fsdp+tp"
+    assert planner.family(parallel.ParallelDims(dp_replicate=2, dp_shard=4)) == "dp+fsdp"
+    assert planner.family(parallel.ParallelDims(world_size=1)) == "one device"
+    assert tables.mesh_text(parallel.ParallelDims(pp=2, cp=2, tp=2)) == "tp 2 pp 2 cp 2"
+
+
+def test_the_decision_map_is_the_planners_first_choice():
+    batches, seqs = (1, 64), (256, 1024)
+    choices = planner.first_choices(SMALL, H100, n_devices=8, batches=batches, seqs=seqs)
+    assert set(choices) == {(b, s) for b in batches for s in seqs}
+    for (b, s), choice in choices.items():
+        first = planner.plan(SMALL, H100, n_devices=8, batch=b, seq=s)[0]
+        assert choice is not None and first.fits
+        assert (choice.dims, choice.microbatches, choice.step_s) == (
+            first.dims, first.microbatches, first.step_s)
+    assert "tp" in planner.family(choices[(1, 1024)].dims)  # one sequence: cut the model
+    assert planner.family(choices[(64, 1024)].dims) == "fsdp"  # 8 sequences per GPU: FSDP
+    nothing = planner.first_choices(parallel.XXL, "tpu-v5p", n_devices=1, batches=(1,),
+                                    seqs=(1024,))
+    assert nothing == {(1, 1024): None}  # a mesh, but it does not fit
+    with pytest.raises(planner.NoValidMesh, match="n_heads"):
+        planner.plan(SMALL, H100, n_devices=8, batch=1, seq=1024, fixed={"tp": 8})
+    invalid = planner.first_choices(SMALL, H100, n_devices=8, batches=(1,), seqs=(1024,),
+                                    fixed={"tp": 8})
+    assert invalid == {(1, 1024): None}  # 12 heads do not split 8 ways
+    ax = plotting.plot_first_choices({**choices, (64, 2048): None})
+    texts = [t.get_text() for t in ax.texts]
+    assert len(texts) == 5 and "nothing fits" in texts
+    assert ax.get_xlabel() == "global batch (sequences)"
+    with pytest.raises(ValueError, match=r"seq \(4096\) must be <= context_length"):
+        planner.first_choices(SMALL, H100, n_devices=8, batches=(8,), seqs=(4096,))
+
+
+def test_a_measured_cluster_is_what_the_planner_divides_by():
+    cl = planner.measured_cluster("two CPU ranks", flop_per_s=5e10, dtype="fp32",
+                                  link_bytes_per_s=2e9, per_node=2, memory_bytes=16e9)
+    assert cl.accelerator.peak_flop_per_s("fp32") == 5e10
+    assert cl.ring_link(2).bytes_per_s == 2e9 and cl.per_node == 2
+    with pytest.raises(ValueError, match="no link between nodes"):
+        cl.ring_link(4)
+    laptop = TransformerConfig.preset("laptop")
+    p = planner.evaluate(laptop, cl, parallel.ParallelDims(dp_shard=2), batch=8, seq=64,
+                         recipe="fp32_adamw", dtype="fp32")
+    flops = training_flops_per_token(laptop, 64) * 8 * 64
+    assert p.compute_s == pytest.approx(flops / (2 * 5e10))
+    for kw, message in (({"flop_per_s": 0}, "flop_per_s must be > 0"),
+                        ({"link_bytes_per_s": -1}, "link_bytes_per_s must be > 0"),
+                        ({"per_node": 0}, "per_node must be")):
+        args = {"flop_per_s": 5e10, "dtype": "fp32", "link_bytes_per_s": 2e9, "per_node": 2,
+                "memory_bytes": 16e9, **kw}
+        with pytest.raises(ValueError, match=message):
+            planner.measured_cluster("x", **args)
