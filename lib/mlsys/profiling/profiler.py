@@ -16,7 +16,8 @@ launching op's class. There the backward's kernels are launched from autograd's 
 outside the main thread's NVTX range in Nsight; the tables place every op in a phase by its time.
 `mlsys.accounting.flops_by_class.class_flops` maps the model's FLOPs onto the same classes, so
 `class_table` can set FLOP share beside time share. The profiler's own cost:
-`mlsys.profiling.overhead`. Used in: §sec-profiling (chapter 05), `mlsys.profiling.memory_timeline`.
+`mlsys.profiling.overhead`. Used in: §sec-profiling (chapter 05),
+`mlsys.profiling.memory_timeline`.
 """
 
 from __future__ import annotations
