@@ -16,6 +16,8 @@
 # fp16 and bf16: which format lands farthest from {glue:text}`q_target`, by how much, and can we
 # predict every digit of the answer before running it? And what does the same rounding do to a dot
 # product of {glue:text}`q_length:,` terms, the inner loop of every matrix multiply?
+#
+# Cheat sheet: {doc}`../book/memory_onepager`.
 
 # %% tags=["remove-cell"]
 # Colab or a fresh kernel: install the book's library if it is missing (a no-op in the book's own
@@ -36,12 +38,13 @@ if importlib.util.find_spec("mlsys") is None:
             "repository (`pip install -e .` at its root), then restart the kernel.")
     importlib.invalidate_caches()
 
-# %%
+# %% tags=["remove-input"]
 from mlsys import env
 
 print(env.describe())
 
-# %%
+# %% tags=["remove-cell"]
+import itertools
 import math
 
 import matplotlib.pyplot as plt
@@ -49,11 +52,11 @@ import torch
 from IPython.display import display
 
 from mlsys import experiments
-from mlsys.book import Table, glue, num
+from mlsys.book import Table, glue, num, solved_by
+from mlsys.diagrams import formats
 from mlsys.experiments import dot_accumulation as DA
 from mlsys.experiments import kit, pages, running_sums
 from mlsys.numerics import bit_fields, precision, summation
-from mlsys.plotting import CYCLE, finish, subplots
 
 # %% tags=["parameters"]
 SEED = 0
@@ -65,6 +68,8 @@ GRADIENT, LOSS_SCALE = 1e-8, 2.0**16  # a small gradient, and fp16's usual initi
 WIDTH = 4096  # d_model of the activation row in Q1
 LARGE_X = 300.0  # Q1 (a): an activation too large to square in fp16?
 NORM_EPS = 1e-5  # the epsilon of a normalization layer (Q2)
+BIT_CASES = [1.0, -2.5, 0.1, 1e-6, 3e4]  # Q3: numbers whose stored bits the reader extracts
+TOKENS_PER_STEP, COUNTER_STEPS = 4096, 300  # Q4: a token counter, and the steps measured
 
 # %% tags=["remove-cell"]
 for name, value in [("q_addend", ADDEND), ("q_terms", N_TERMS), ("q_target", N_TERMS * ADDEND),
@@ -78,10 +83,22 @@ for name, value in [("q_addend", ADDEND), ("q_terms", N_TERMS), ("q_target", N_T
 # A binary floating-point number is a sign, an exponent field $E$ of $e$ bits and a mantissa field
 # $M$ of $m$ bits. A normal number is $(-1)^S \, 2^{E-\text{bias}} \, (1 + M/2^m)$ with
 # $\text{bias} = 2^{e-1}-1$; when $E=0$ the leading 1 is dropped and the number is *subnormal*,
-# $2^{1-\text{bias}}\,(M/2^m)$. IEEE 754 {cite}`ieee754_2019` reserves the all-ones exponent for
-# infinities and NaN. The fp8 format e4m3 {cite}`micikevicius2022fp8` ("fn": finite) gives that
-# exponent back to finite numbers except for one mantissa pattern: $S.1111.111$ is NaN, with either
-# sign, so e4m3 has two NaN encodings, no infinity, and its largest value is $1.75 \cdot 2^8$. tf32
+# $2^{1-\text{bias}}\,(M/2^m)$. The diagram draws every format of the book this way, one box per
+# bit, the widths read from the format's $(e, m)$, the rows aligned on the binary point: what a
+# format spends on range lies left of the dashed line, what it spends on precision right of it.
+# Under each row are the limits that follow from $(e, m)$.
+
+# %% tags=["hide-input"]
+formats.draw_bit_fields()  # every format of mlsys.numerics.precision.FORMATS
+plt.show()
+
+# %% [markdown]
+# Read down the dashed line: bf16 and tf32 keep fp32's exponent field, so their range is fp32's,
+# and cut the mantissa; fp16 keeps more mantissa than bf16 and pays with range. IEEE 754
+# {cite}`ieee754_2019` reserves the all-ones exponent for infinities and NaN. The fp8 format e4m3
+# {cite}`micikevicius2022fp8` ("fn": finite) gives that exponent back to finite numbers except for
+# one mantissa pattern: $S.1111.111$ is NaN, with either sign, so e4m3 has two NaN encodings, no
+# infinity, and its largest value is $1.75 \cdot 2^8$. tf32
 # is not a storage type: it is what NVIDIA tensor cores read from an fp32 operand, fp32's 8 exponent
 # bits with fp16's 10 mantissa bits {cite}`nvidia_a100_datasheet`. `FloatFormat` derives every
 # column of the table below from $(e, m)$ and that convention; the cell checks them against
@@ -92,8 +109,7 @@ for name, value in [("q_addend", ADDEND), ("q_terms", N_TERMS), ("q_target", N_T
 # :pyobject: FloatFormat
 # ```
 
-# %%
-INT_VIEW = {8: torch.uint8, 16: torch.int16, 32: torch.int32}  # same-width integer views
+# %% tags=["hide-input"]
 table_rows = []
 for r in precision.format_table():
     f = precision.FORMATS[r["format"]]
@@ -103,19 +119,19 @@ for r in precision.format_table():
         assert (f.bits, f.max, f.smallest_normal, f.eps) == (info.bits, info.max,
                                                               info.smallest_normal, info.eps)
     if r["torch_dtype"] != "-" and f.bits <= 16:  # every bit pattern, decoded by torch
-        values = torch.arange(2**f.bits).to(INT_VIEW[f.bits]).view(f.dtype).float()
+        values = torch.arange(2**f.bits).to(formats.WORDS[f.bits]).view(f.dtype).float()
         assert special == (int(values.isinf().sum()), int(values.isnan().sum())), f.name
-    table_rows.append([f.name, f.bits, f.exponent_bits, f.mantissa_bits, f.bias, num(f.max, 6),
-                       num(f.smallest_normal, 6), num(f.smallest_subnormal, 6), num(f.eps, 6),
-                       *special, r["torch_dtype"]])
+    table_rows.append([f.name, f.bias, num(f.max, 4), num(f.smallest_normal, 4),
+                       num(f.smallest_subnormal, 4), num(f.eps, 4), f"{special[0]}, {special[1]}",
+                       r["torch_dtype"]])
 e4m3 = torch.arange(256).to(torch.uint8)
 assert e4m3[e4m3.view(torch.float8_e4m3fn).float().isnan()].tolist() == [0x7F, 0xFF]  # S.1111.111
 fp16, bf16, fp32 = precision.FORMATS["fp16"], precision.FORMATS["bf16"], precision.FORMATS["fp32"]
 for name, value in [("fp16_max", fp16.max), ("fp16_subnormal", fp16.smallest_subnormal),
                     ("bf16_subnormal", bf16.smallest_subnormal)]:
     glue(name, value)
-Table(["format", "bits", "exp", "mant", "bias", "max", "smallest normal", "smallest subnormal",
-       "eps", "inf", "NaN", "torch dtype"], table_rows)
+Table(["format", "bias", "max", "smallest normal", "smallest subnormal", "eps", "inf, NaN",
+       "torch dtype"], table_rows)
 
 # %% [markdown]
 # Range comes from the exponent bits, precision from the mantissa bits. bf16 keeps fp32's range (8
@@ -129,13 +145,13 @@ Table(["format", "bits", "exp", "mant", "bias", "max", "smallest normal", "small
 # becomes the largest, as torch 2.13's cast does (torch 2.11's gives NaN; `saturating_cast`
 # clamps first there).
 
-# %%
+# %% tags=["hide-input"]
 bit_rows = []
 for x in [1.0, 0.1, -2.5, 0.01, 65504.0, 1e-8]:
     for name in ["fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2"]:
         b, f = bit_fields.decompose(x, name), precision.FORMATS[name]
         cast = precision.saturating_cast(torch.tensor([x]), name)  # torch's, saturating in e4m3
-        stored = cast.view(INT_VIEW[f.bits]).item() % 2**f.bits
+        stored = cast.view(formats.WORDS[f.bits]).item() % 2**f.bits
         assert int(b.pattern.replace(" ", ""), 2) == stored and b.reconstruct() == b.value
         exponent = "-" if b.unbiased_exponent is None else b.unbiased_exponent
         bit_rows.append([x, name, b.pattern, b.kind, exponent, repr(b.value)])
@@ -156,20 +172,8 @@ Table(["x", "format", "sign exponent mantissa", "kind", "E - bias", "stored valu
 # relative spacing is therefore between $2^{-m-1}$ and $2^{-m}$ in the normal range. `ulp` computes
 # it; the markers are measured as the gap from a torch value to the next bit pattern.
 
-# %%
-grid = [2.0 ** (e / 50) for e in range(-26 * 50, 17 * 50)]
-fig, ax = subplots(width=7.0, height=4.2)
-for color, (name, f) in zip(CYCLE, precision.FORMATS.items(), strict=False):
-    xs = [x for x in grid if f.smallest_subnormal <= x <= f.max]
-    ax.plot(xs, [precision.ulp(x, f) for x in xs], color=color, lw=1.4, label=f"{name} (ulp)")
-    if name in ("fp32", "fp16", "bf16"):  # measured: from a torch value to the next bit pattern
-        probe = torch.tensor([2.0**k for k in range(-26, 17, 3) if 2.0**k <= f.max], dtype=f.dtype)
-        gap = ((probe.view(INT_VIEW[f.bits]) + 1).view(f.dtype).double() - probe.double()).tolist()
-        assert gap == [precision.ulp(x, name) for x in probe.double().tolist()]
-        ax.plot(probe.double().tolist(), gap, "o", color=color, ms=5, mfc="none",
-                label=f"{name} measured gap")
-finish(ax, title="Spacing of representable numbers", xlabel="|x|", ylabel="ulp(x)", logx=2, logy=2)
-ax.legend(ncol=2, fontsize=8)
+# %% tags=["hide-input"]
+formats.draw_spacing(measured=("fp32", "fp16", "bf16"))  # ulp(x), and torch's gaps measured
 plt.show()
 spacing_ratio = glue("bf16_over_fp16_spacing",
                      precision.ulp(1.0, "bf16") / precision.ulp(1.0, "fp16"))
@@ -195,7 +199,7 @@ ties = torch.tensor([2049.0, 2050.0, 2051.0, 2053.0], dtype=torch.float32)
 rounded = ties.half().tolist()
 assert rounded == [precision.round_to(v, "fp16") for v in ties.tolist()]
 assert rounded == [2048.0, 2050.0, 2052.0, 2052.0]
-print(f"1e-8: {underflow}; fp16 x*x: {squares}; ties above 2048: {rounded}")
+print(f"1e-8 stored: {underflow}", f"fp16 x*x: {squares}", f"ties above 2048: {rounded}", sep="\n")
 
 # %% [markdown]
 # fp16 stores nothing below {glue:text}`fp16_subnormal:.3g`, so $10^{-8}$ underflows to zero (bf16
@@ -223,7 +227,7 @@ print(f"1e-8: {underflow}; fp16 x*x: {squares}; ties above 2048: {rounded}")
 # times lower. `plateau_value` is this formula; `plateau_sum` walks the binades one by one and
 # predicts every partial sum exactly.
 
-# %%
+# %% tags=["hide-input"]
 napkin_rows = []
 for name, f in precision.FORMATS.items():
     stored = precision.round_to(ADDEND, f)
@@ -299,24 +303,12 @@ kit.draw(running_sums.plot, by_key, ncols=2, width=10.0, height=3.9,
 # numbers below are read off them.
 
 # %% tags=["remove-cell"]
-pred_fp16, pred_bf16 = by_key[("fp16", ADDEND)][0], by_key[("bf16", ADDEND)][0]
-for tag, prediction, (lo, hi) in [("fp16_lo", pred_fp16, (4, 8)), ("fp16_hi", pred_fp16, (8, 16)),
-                                  ("bf16_lo", pred_bf16, (2, 4))]:
-    run = prediction.run_starting_in(lo, hi)
-    glue(f"{tag}_step", run.increment)
-    glue(f"{tag}_bias", (run.increment - prediction.addend) / prediction.addend)
-half_ulp = glue("bf16_half_ulp_at_plateau", precision.ulp(pred_bf16.final, "bf16") / 2)
-assert pred_bf16.addend < half_ulp
+why = running_sums.readings(by_key, ADDEND, SMALL_ADDEND)  # the runs of equal additions, ...
+assert why["a_bf16"] < why["bf16_half_ulp_at_plateau"]  # below half an ulp: frozen
 for label in ("fp32 acc += fp16 addend (implicit)", "fp32 acc += bf16 addend"):
     assert by_key[(label, ADDEND)][0].final == by_key[(label, ADDEND)][0].exact  # exact fp32 sums
-for name, (label, a) in {"fp16": ("fp16", ADDEND), "bf16": ("bf16", ADDEND),
-                         "fp32": ("fp32", ADDEND), "acc_bf16": ("fp32 acc += bf16 addend", ADDEND),
-                         "acc16": ("fp32 acc += fp16 addend (implicit)", ADDEND),
-                         "fp16_small": ("fp16", SMALL_ADDEND),
-                         "bf16_small": ("bf16", SMALL_ADDEND)}.items():
-    glue(f"final_{name}", by_key[(label, a)][1])
-    glue(f"stall_{name}_run", by_key[(label, a)][0].stall_step or 0)
-    glue(f"a_{name}", by_key[(label, a)][0].addend)
+for name, value in why.items():
+    glue(name, value)
 
 # %% [markdown]
 # - **fp16.** {glue:text}`q_addend` is stored as {glue:text}`a_fp16`. Between 4 and 8 every step
@@ -339,7 +331,7 @@ for name, (label, a) in {"fp16": ("fp16", ADDEND), "bf16": ("bf16", ADDEND),
 # reasoning from bf16's fp32-sized exponent. Range plays no part here: the plateau is set by
 # mantissa bits.
 
-# %%
+# %% tags=["hide-input"]
 errors = {fmt: abs(by_key[(fmt, ADDEND)][1] - N_TERMS * ADDEND) for fmt in ("fp32", "fp16", "bf16")}
 predicted_errors = {fmt: abs(by_key[(fmt, ADDEND)][0].final - N_TERMS * ADDEND) for fmt in errors}
 measured_order = sorted(errors, key=errors.get)
@@ -369,7 +361,7 @@ Table(["rank (smallest error first)", "claimed", "measured", "measured |sum - 10
 # :pyobject: kahan_sum
 # ```
 
-# %%
+# %% tags=["hide-input"]
 torch_sum = torch.full((N_TERMS,), ADDEND, dtype=torch.float16).sum().item()
 exact_sum = summation.plateau_sum(ADDEND, N_TERMS, "fp32", addend_format="fp16").exact
 assert torch_sum == precision.round_to(exact_sum, "fp16")  # a wide accumulator, rounded once
@@ -429,7 +421,7 @@ for name, value in [("w_update", UPDATE), ("w_bf16_half_ulp", precision.ulp(WEIG
 # reaches 1 it says nothing at all: for fp16 that happens from $K =$ {glue:text}`vacuous_fp16:,`
 # (bf16: {glue:text}`vacuous_bf16:,`, fp32: {glue:text}`vacuous_fp32:,`).
 
-# %%
+# %% tags=["hide-input"]
 vacuous_rows = []
 for fmt in ("fp16", "bf16", "fp32"):
     k = int(1 / (2 * precision.FORMATS[fmt].unit_roundoff)) + 1  # (K-1) u = 1/2: gamma_(K-1) = 1
@@ -457,7 +449,9 @@ Table(["accumulator", "unit roundoff u", "γ_(K-1) ≥ 1 (vacuous) from K ="], v
 # `torch.matmul` on fp16 inputs, and `torch._scaled_mm` on fp8 e4m3 inputs with an fp32 output.
 
 # %%
-dot_rows = DA.EXPERIMENT.run(DOT)
+dot_rows = DA.EXPERIMENT.run(DOT)  # every K: the loops on the CPU, the matmuls on this device
+
+# %% tags=["hide-input"]
 display(DA.table(dot_rows))
 for k, err in DA.curves(dot_rows)["exact products, fp32 sum"]:
     assert err <= DA.higham_bound(k, "fp32", rounded_products=False)  # the law holds
@@ -485,7 +479,7 @@ kit.draw(DA.plot, dot_rows, width=9.0, height=4.0,
 # every 128 elements of $K$. That is an accumulation problem, like the fp16 loop above; loss scaling
 # (range) would not touch it. A GPU run of this experiment measures both fp8 modes.
 
-# %%
+# %% tags=["hide-input"]
 experiments.show_recorded("dot_accumulation", show=pages.show_dot_accumulation, would_show=(
     "On a CUDA GPU the run adds `torch.mm` with an fp32 output (the fp16 tensor-core accumulator, "
     "unrounded) and, from compute capability 8.9, `_scaled_mm` with fast accumulation."))
@@ -504,7 +498,7 @@ experiments.show_recorded("dot_accumulation", show=pages.show_dot_accumulation, 
 #
 # ## Exercises
 #
-# ### Q1 [A normalization layer in 16 bits: formats, plateau, dot product]
+# ### Q1 (multi-step) A normalization layer in 16 bits: formats, plateau, dot product
 #
 # RMSNorm divides a row $x$ of width $D =$ {glue:text}`q1_width:,` by $\sqrt{\frac1D\sum_i x_i^2}$.
 # Take $x$ uniform in $[0, 1)$, stored in bf16. (a) Could the squares be formed in fp16 if $|x|$
@@ -529,20 +523,18 @@ exact_q1 = (row.double() ** 2).sum().item()
 bf16_q1 = summation.sequential_sum(squares, "bf16").item()
 ceiling_q1 = summation.plateau_value(1.0, "bf16")
 assert bf16_q1 <= ceiling_q1 == 2.0 ** (bf16.mantissa_bits + 1) < exact_q1
-torch_q1 = squares.sum().item()
-fp32_q1 = summation.sequential_sum(row.float() ** 2, "fp32").item()
-assert abs(torch_q1 - exact_q1) / exact_q1 <= 2 * bf16.unit_roundoff  # bf16 products, one rounding
-assert abs(fp32_q1 - exact_q1) / exact_q1 <= DA.higham_bound(WIDTH, "fp32", rounded_products=False)
+torch_q1 = abs(squares.sum().item() - exact_q1) / exact_q1  # relative errors
+fp32_q1 = abs(summation.sequential_sum(row.float() ** 2, "fp32").item() - exact_q1) / exact_q1
+assert torch_q1 <= 2 * bf16.unit_roundoff  # bf16 products, one rounding
+assert fp32_q1 <= DA.higham_bound(WIDTH, "fp32", rounded_products=False)
 assert overflow_threshold < LARGE_X
 for name, value in [("width", WIDTH), ("ceiling", ceiling_q1), ("exact", exact_q1),
-                    ("bf16", bf16_q1),
-                    ("rms_ratio", math.sqrt(exact_q1 / bf16_q1)),
-                    ("torch_error", abs(torch_q1 - exact_q1) / exact_q1),
-                    ("fp32_error", abs(fp32_q1 - exact_q1) / exact_q1)]:
+                    ("bf16", bf16_q1), ("rms_ratio", math.sqrt(exact_q1 / bf16_q1)),
+                    ("torch_error", torch_q1), ("fp32_error", fp32_q1)]:
     glue(f"q1_{name}", value)
 
 # %% [markdown]
-# ### Q2 [Find the error]
+# ### Q2 (find the error) The normalization epsilon in fp16
 #
 # A widely shared write-up on mixed precision says: *"In fp16 the smallest normal number is about
 # 6e-5, so the normalization epsilon 1e-5 cannot be represented accurately; this is why layer
@@ -572,10 +564,98 @@ for fmt in ("fp16", "bf16"):
     assert absorbed == [v for v in powers if v >= absorbed_from[fmt]]
     assert NORM_EPS < precision.ulp(absorbed_from[fmt], fmt) / 2 <= 2 * NORM_EPS  # the plateau rule
 assert absorbed_from["bf16"] < absorbed_from["fp16"]
-glue("q2_stored", stored_eps)
-glue("q2_rel", abs(stored_eps - NORM_EPS) / NORM_EPS)
-glue("q2_fp16_from", absorbed_from["fp16"])
-glue("q2_bf16_from", absorbed_from["bf16"])
+for name, value in [("stored", stored_eps), ("rel", abs(stored_eps - NORM_EPS) / NORM_EPS),
+                    ("fp16_from", absorbed_from["fp16"]), ("bf16_from", absorbed_from["bf16"])]:
+    glue(f"q2_{name}", value)
+
+# %% [markdown]
+# ### Q3 (code) The fields of a stored number
+#
+# `bit_fields.decompose` finds a number's fields with exact fractions. A kernel finds them with
+# integer operations on the stored word: reinterpret its bits as an integer of the same width
+# (`t.view(torch.int16)` for a 16-bit tensor; no bit changes), then shift and mask. Complete
+# `fields(x, fmt)`: cast `x` to the format's torch dtype, and return its sign bit $S$, exponent
+# field $E$ and mantissa field $M$ as integers, using only `.to`, `.view`, `>>` and `&`. The
+# hidden cell checks your function against `decompose` for {glue:text}`q3_cases` in fp32, fp16, bf16
+# and fp8 e5m2, and reads each value back from the three fields.
+
+# %%
+def fields(x: float, fmt: precision.FloatFormat) -> tuple[int, int, int]:  # <- your code here
+    """(S, E, M) of `x` stored in `fmt.dtype`: the sign bit, exponent and mantissa fields."""
+    raise NotImplementedError("cast, view the bits as an integer, shift and mask")
+
+
+# %% tags=["hide-cell"]
+# The book's solution (opened on demand). `solved_by` checks the reader's function once it is
+# written, and the book's while it is not.
+def fields_solution(x, fmt):
+    e, m = fmt.exponent_bits, fmt.mantissa_bits
+    stored = torch.tensor([x], dtype=torch.float64).to(fmt.dtype)  # one rounding, from x itself
+    word = stored.view(formats.WORDS[fmt.bits]).item() % 2**fmt.bits  # the bits, as an unsigned int
+    return word >> (e + m), (word >> m) & (2**e - 1), word & (2**m - 1)
+
+
+for f, x in itertools.product(map(precision.FORMATS.get, ("fp32", "fp16", "bf16", "fp8_e5m2")),
+                             BIT_CASES):
+    (sign, e_field, m_field), whose = solved_by(fields, fields_solution, x, f)
+    b = bit_fields.decompose(x, f)
+    assert (sign, e_field, m_field) == (b.sign, int(b.exponent, 2), int(b.mantissa, 2)), (f.name, x)
+    lead, exponent = (1, e_field - f.bias) if e_field else (0, f.emin)  # normal or subnormal
+    assert (-1) ** sign * (lead + m_field / 2**f.mantissa_bits) * 2.0**exponent == b.value
+q3 = fields_solution(0.1, bf16)  # the worked example: S, E, M
+for name, value in [("cases", ", ".join(map(str, BIT_CASES))), ("e", q3[1]), ("m", q3[2]),
+                    ("word", bit_fields.decompose(0.1, bf16).pattern), ("bias", bf16.bias),
+                    ("value", (1 + q3[2] / 2**7) * 2.0 ** (q3[1] - bf16.bias))]:
+    glue(f"q3_{name}", value)
+print(f"checked: {whose} solution, {len(BIT_CASES)} numbers in 4 formats")
+
+# %% [markdown]
+# ```{dropdown} Answer
+# The sign is the top bit, `word >> (e + m)`; the exponent field is the next $e$ bits,
+# `(word >> m) & (2**e - 1)`; the mantissa field is the low $m$ bits, `word & (2**m - 1)`. Two
+# details: cast from the float64 `x` directly (through fp32 first, a number could be rounded twice),
+# and take the word modulo $2^{\text{bits}}$, since torch's integer view is signed. For 0.1 in bf16
+# the word is {glue:text}`q3_word`: $E =$ {glue:text}`q3_e`, $M =$ {glue:text}`q3_m`, and the value
+# read back is $(1 + M/2^7) \cdot 2^{E - \text{bias}}$ (bias {glue:text}`q3_bias`) $=$
+# {glue:text}`q3_value`, not 0.1.
+# A zero exponent field means a subnormal: no leading 1, exponent $e_\min$.
+# ```
+#
+# ### Q4 A token counter in 16 bits
+#
+# A training loop keeps the number of tokens it has seen in a float tensor of the model's dtype,
+# and adds {glue:text}`q4_tokens:,` tokens at every step. After how many steps does the counter go
+# wrong, and what does it show from then on, in bf16, in fp16 and in fp32?
+#
+# ```{dropdown} Answer
+# {glue:text}`q4_tokens:,` is a power of two, $2^p$, stored exactly in every format, and a sum of
+# $a = 2^p$ stops one binade below the napkin formula, at $2^{p+m+1}$ (ties to even). bf16: the
+# counter stops at {glue:text}`q4_plateau_bf16:,.0f` tokens after {glue:text}`q4_stall_bf16` steps,
+# and every later step adds nothing. fp16: its plateau {glue:text}`q4_plateau_fp16:,.0f` lies beyond
+# its largest number {glue:text}`fp16_max:,.0f`, so the range runs out first: at step
+# {glue:text}`q4_inf_step` the sum {glue:text}`q4_inf_exact:,` rounds to `inf`. fp32: it stops at
+# {glue:text}`q4_plateau_fp32:.3g` tokens after {glue:text}`q4_stall_fp32:,` steps. The cell
+# measures the 16-bit counters for {glue:text}`q4_steps` steps with torch and checks them against
+# `plateau_sum`. Count in an integer.
+# ```
+
+# %% tags=["hide-cell"]
+p = int(math.log2(TOKENS_PER_STEP))
+plateau = {f: 2.0 ** (p + precision.FORMATS[f].mantissa_bits + 1) for f in ("bf16", "fp16", "fp32")}
+counter = {f: summation.plateau_sum(TOKENS_PER_STEP, 10**12, f) for f in plateau}  # no torch
+assert 2**p == TOKENS_PER_STEP and [counter[f].final for f in ("bf16", "fp32")] == [
+    plateau["bf16"], plateau["fp32"]] and plateau["fp16"] > fp16.max  # fp16: the range runs out
+for f in ("bf16", "fp16"):  # measured: one torch addition per step, for longer than bf16 counts
+    measured = summation.running_sum(TOKENS_PER_STEP, COUNTER_STEPS, f, f).double().tolist()
+    assert measured == summation.plateau_sum(TOKENS_PER_STEP, COUNTER_STEPS, f).trajectory()
+    assert measured[-1] == counter[f].final and counter[f].stall_step < COUNTER_STEPS
+inf_step = counter["fp16"].stall_step  # the addition that overflowed
+for name, value in [("tokens", TOKENS_PER_STEP), ("steps", COUNTER_STEPS),
+                    ("plateau_bf16", plateau["bf16"]), ("plateau_fp16", plateau["fp16"]),
+                    ("plateau_fp32", plateau["fp32"]), ("stall_bf16", counter["bf16"].stall_step),
+                    ("stall_fp32", counter["fp32"].stall_step), ("inf_step", inf_step),
+                    ("inf_exact", inf_step * TOKENS_PER_STEP)]:
+    glue(f"q4_{name}", value)
 
 # %% [markdown]
 # ## Summary

@@ -15,6 +15,8 @@
 # **Question.** What is the largest model whose training state fits on {glue:text}`n_devices`
 # {glue:text}`accelerator` GPUs of {glue:text}`hbm_gb:.0f` GB with AdamW in fp32, and how does the
 # answer change with bf16 mixed precision?
+#
+# Cheat sheet: {doc}`../book/memory_onepager`.
 
 # %% tags=["remove-cell"]
 # Colab or a fresh kernel: install the book's library if it is missing (a no-op in the book's own
@@ -35,27 +37,28 @@ if importlib.util.find_spec("mlsys") is None:
             "repository (`pip install -e .` at its root), then restart the kernel.")
     importlib.invalidate_caches()
 
-# %%
+# %% tags=["remove-input"]
 from mlsys import env
 
 print(env.describe())
 
-# %%
+# %% tags=["remove-cell"]
 import io
 import itertools
 import math
 
 import einops
+import matplotlib.pyplot as plt
 import torch
 from beartype import beartype
-from IPython.display import display
 from jaxtyping import jaxtyped
 
 from mlsys import experiments, hardware, plotting, tables, tensors
 from mlsys.accounting import memory
 from mlsys.accounting.activations import saved_bytes
 from mlsys.accounting.params import count_params, param_counts
-from mlsys.book import Table, glue
+from mlsys.book import Table, glue, solved_by
+from mlsys.diagrams import views as view_diagram
 from mlsys.experiments import kit, pages
 from mlsys.experiments import training_memory as TM
 from mlsys.models.config import PRESETS, TransformerConfig
@@ -65,7 +68,8 @@ from mlsys.models.transformer import Transformer
 SEED = 0
 N_DEVICES = 8  # the GPUs of the question
 ACCELERATOR = hardware.H100_SXM  # their memory: ACCELERATOR.hbm_bytes
-DEMO_SHAPE = (2, 3, 4)  # the small tensor whose strides we take apart
+DEMO_SHAPE, RESHAPED = (2, 3, 4), (4, 6)  # the small tensor whose strides we take apart; a .view
+HEADS_DEMO = (1, 3, 4, 2)  # a tiny (batch, seq, d_model) activation, and its heads, drawn
 MEMORY = TM.EXPERIMENT.sizes_for()  # the measured training steps: preset, batch, seq (by profile)
 PERMUTED_SHAPE, PERMUTED_INDEX = (2, 3, 4, 5), (1, 2, 0, 3)  # Q1: (batch, seq, heads, d_head)
 CHAIN_PRESET, CHAIN_BATCH, CHAIN_SEQ = "xl", 8, 1024  # Q3: a preset, sequences per GPU, tokens
@@ -92,18 +96,18 @@ for name, value in [("n_devices", N_DEVICES), ("accelerator", ACCELERATOR.name),
 # \cdot \text{memory} / \text{bytes per parameter}$; replicated, as in plain data parallelism, it is
 # what one device holds.
 
-# %%
+# %% tags=["hide-input"]
 answers = {r.name: memory.max_trainable_params(N_DEVICES, hbm_bytes, r)
            for r in memory.RECIPES.values()}  # n * memory // bytes per parameter
-display(Table(*tables.max_params_table(N_DEVICES, hbm_bytes)))
 fp32 = answers["fp32_adamw"]
 glue("max_fp32_billion", fp32 / GB)
 glue("max_one_gpu_billion", memory.max_trainable_params(1, hbm_bytes, "fp32_adamw") / GB)
 relation = {name: "the same answer" if a == fp32 else
             f"{a / fp32:.2f}x the answer ({a / GB:.1f} billion)" for name, a in answers.items()}
-glue("mixed_answers", "; ".join(
+mixed = glue("mixed_answers", "; ".join(
     f"{name} ({memory.recipe(name).bytes_per_param} B/param) gives {relation[name]}"
     for name in ("bf16_mixed_adamw", "bf16_mixed_adamw_fp32_grads", "bf16_pure_adamw")))
+Table(*tables.max_params_table(N_DEVICES, hbm_bytes))
 
 # %% [markdown]
 # With fp32 AdamW (16 bytes per parameter), {glue:text}`n_devices` GPUs hold the model states of at
@@ -139,7 +143,7 @@ slice_bytes = glue("slice_bytes", memory.tensor_bytes(last.shape, last.dtype))
 storage_bytes = glue("slice_storage_bytes", last.untyped_storage().nbytes())
 assert tensors.shares_storage(last, x) and storage_bytes == SEQ * slice_bytes
 assert last.clone().untyped_storage().nbytes() == slice_bytes  # a copy owns only what it shows
-glue("shape", str(shape))
+shape_text = glue("shape", str(shape))
 
 # %% [markdown]
 # For the {glue:text}`shape` activation, `x[:, -1]` shows {glue:text}`slice_bytes:,` bytes but pins
@@ -159,24 +163,25 @@ glue("shape", str(shape))
 # product of the sizes after it (`contiguous_strides`). Views change only the metadata. The base
 # tensor below holds its own storage positions as values (`arange`); for several views, the formula
 # is compared with PyTorch's `storage_offset()`, the byte distance between `data_ptr`s, and the
-# value itself, for every element.
+# value itself, for every element. The diagram draws them: the storage on top, one numbered cell
+# per element, and under it each view as the storage positions it reaches, in the order its
+# indices visit them (`view_diagram.positions`: `element_offset` with the view's own strides and
+# offset), each cell coloured by its position, runs of the last dimension set apart.
 
-# %%
+# %% tags=["hide-input"]
 base = torch.arange(math.prod(DEMO_SHAPE), dtype=torch.float32).reshape(DEMO_SHAPE)
 assert base.stride() == tensors.contiguous_strides(DEMO_SHAPE)
-views = {"base": base, "transpose(0, 2)": base.transpose(0, 2),
-         "permute(2, 0, 1)": base.permute(2, 0, 1), "[:, ::2, 1:]": base[:, ::2, 1:],
-         "[1:, :1].expand": base[1:, :1].expand(-1, DEMO_SHAPE[1], -1)}
-rows = []
-for name, v in views.items():
+views = {"base": base, "transpose(0, 2)": base.transpose(0, 2), "[:, ::2, 1:]": base[:, ::2, 1:],
+         f"view{RESHAPED}": base.view(RESHAPED),
+         f"[1:, :1].expand(-1, {DEMO_SHAPE[1]}, -1)": base[1:, :1].expand(-1, DEMO_SHAPE[1], -1)}
+for v in views.values():
     for index in itertools.product(*(range(n) for n in v.shape)):
         predicted = tensors.element_offset(index, v.stride(), v.storage_offset())
         byte_distance = v[index].data_ptr() - v.untyped_storage().data_ptr()
         assert predicted == v[index].storage_offset() == byte_distance // v.element_size()
         assert predicted == v[index].item()  # arange: the value is its own storage position
-    rows.append([f"`{name}`", tuple(v.shape), v.stride(), v.storage_offset(), v.is_contiguous(),
-                 tensors.flattens_to_view(v.shape, v.stride())])
-Table(["view", "shape", "stride", "offset", "contiguous", "flattens to a view"], rows)
+view_diagram.draw_views(views)  # shape, stride, offset and contiguity in each view's label
+plt.show()
 
 # %% [markdown]
 # Transpose and permute reorder the strides (no data moves, whatever the size); a slice with a step
@@ -207,8 +212,9 @@ Table(["operation on t", "shares storage (a view)"], [[f"`{n}`", v] for n, v in 
 # the stride of a size-1 dimension). `.view` never copies, so after a transpose it cannot flatten
 # the tensor and refuses; `.contiguous()` copies into a fresh row-major storage; `.reshape` is a
 # view when one is possible and a copy otherwise. A flat view is possible exactly when the elements
-# in index order are evenly spaced in storage, which `flattens_to_view` checks (last column above):
-# contiguous tensors qualify, and so does every other element of a flat tensor.
+# in index order are evenly spaced in storage, which `flattens_to_view` checks (the cell below
+# compares it with `.reshape` on every view above): contiguous tensors qualify, and so does every
+# other element of a flat tensor.
 #
 # ```{literalinclude} ../lib/mlsys/tensors.py
 # :pyobject: flattens_to_view
@@ -222,7 +228,7 @@ try:
     transposed.view(-1)
     raise AssertionError(".view flattened a transposed tensor")
 except RuntimeError as err:  # in index order the elements are not evenly spaced
-    print(f"RuntimeError: {err}")
+    print("RuntimeError:", str(err).replace(" (", "\n("))  # two short lines
 fresh = transposed.contiguous()
 assert fresh.stride() == tensors.contiguous_strides(fresh.shape)
 assert not tensors.shares_storage(fresh, base)
@@ -245,7 +251,7 @@ for v in [*views.values(), base.view(-1)[::2]]:
 # :pyobject: matmul_shape
 # ```
 
-# %%
+# %% tags=["hide-input"]
 g = torch.Generator().manual_seed(SEED)
 heads, d_head = cfg.n_heads, cfg.d_head
 cases = {"activation @ weight": ((BATCH, SEQ, cfg.d_model), (cfg.d_model, cfg.d_ff)),
@@ -298,6 +304,18 @@ assert merged.shape == (BATCH, SEQ, cfg.d_model)
 assert not tensors.shares_storage(merged, attention_output)
 
 # %% [markdown]
+# Drawn small, for a tiny activation (the shapes are in the labels): the split reaches the same
+# cells in another order, and merging the split back reaches them in the first order again, all in
+# one storage.
+
+# %% tags=["hide-input"]
+small = torch.arange(math.prod(HEADS_DEMO[:3]), dtype=torch.float32).reshape(HEADS_DEMO[:3])
+split = tensors.split_heads(small, HEADS_DEMO[3])
+view_diagram.draw_views({"x": small, "split_heads(x)": split, "merge_heads(split)":
+                         tensors.merge_heads(split)}, title="Splitting heads: one storage")
+plt.show()
+
+# %% [markdown]
 # ### Shapes as types: jaxtyping
 #
 # `split_heads` carries its shapes in its signature, `Float[Tensor, "batch seq d_model"]` in and
@@ -328,7 +346,7 @@ except TypeError as error:
 # :pyobject: param_counts
 # ```
 
-# %%
+# %% tags=["hide-input"]
 GOLDEN_COUNTS = {"small": 128_625_408, "medium": 423_183_360, "large": 969_411_840,
                  "xl": 1_998_235_200, "2.7B": 3_406_809_600}
 rows, n_params = [], {}
@@ -339,11 +357,9 @@ for name in PRESETS:
     assert counted == count_params(preset) == GOLDEN_COUNTS.get(name, counted)
     n_params[name] = counted
     parts = param_counts(preset)
-    rows.append([f"`{name}`", preset.d_model, preset.n_layers, preset.n_heads, preset.d_ff,
-                 preset.vocab_size, f"{parts.embedding + parts.lm_head:,}",
-                 f"{parts.per_layer:,}", f"{parts.total:,}"])
-Table(["preset", "d_model", "n_layers", "n_heads", "d_ff", "vocab", "embedding + head",
-       "per layer", "total"], rows)
+    rows.append([f"`{name}`", f"{preset.d_model} / {preset.d_ff}", preset.n_layers, *(
+        f"{n:,}" for n in (parts.total, parts.embedding + parts.lm_head, parts.per_layer))])
+Table(["preset", "D / F", "layers", "total", "embedding + head", "per layer"], rows)
 
 # %% [markdown]
 # Each block holds $4D^2$ attention weights and $3DF$ feed-forward weights (SwiGLU), and the
@@ -366,22 +382,13 @@ Table(["preset", "d_model", "n_layers", "n_heads", "d_ff", "vocab", "embedding +
 # ```
 
 # %%
-mem_rows = TM.EXPERIMENT.run(MEMORY)
-mem_setup = kit.setup(mem_rows)
-for name, value in [("mem_preset", MEMORY.preset), ("mem_batch", BATCH), ("mem_seq", SEQ),
-                    ("mem_params", count_params(cfg)), ("mem_method", mem_setup["method"]),
-                    ("mem_device", mem_setup["device"])]:
-    glue(name, value)
-readings = TM.readings(mem_rows)
-for r in readings:  # laws: the prediction is the part of the allocation that the count covers
-    assert r.predicted_states <= r.after_step and r.peak >= r.after_step
-    if mem_setup["device_type"] == "cpu":  # the CPU allocator reports requested bytes
-        assert r.unexplained == 0 and 0 <= r.forward_growth - r.saved <= TM.SCALARS_BYTES
-for key, text in TM.verdicts(mem_rows).items():
-    glue(f"mem_{key}", text)
-worst = max(abs(r.unexplained) for r in readings)
-glue("mem_exactness", "to the byte" if worst == 0 else f"to within {worst:,} bytes")
-display(TM.table(mem_rows), TM.phase_table(mem_rows))
+mem_rows = TM.EXPERIMENT.run(MEMORY)  # every recipe: two training steps, the allocator read
+
+# %% tags=["hide-input"]
+for name, value in TM.page_numbers(mem_rows).items():  # sizes, device, method, verdicts
+    glue(f"mem_{name}", value)
+TM.check_laws(mem_rows)  # states <= allocator <= peak; on a CPU, to the byte
+TM.table(mem_rows)
 
 # %% [markdown]
 # Measured on {glue:text}`mem_device` with {glue:text}`mem_method`. After the optimizer step every
@@ -393,11 +400,11 @@ display(TM.table(mem_rows), TM.phase_table(mem_rows))
 # exist yet, so the steady state is the second step. In the plot, each run's live bytes (lines) and
 # peaks (triangles) by phase, against its predicted model states (dashed):
 
-# %%
+# %% tags=["hide-input"]
 kit.draw(TM.plot, mem_rows, width=8.5, height=4.2, title=f"Allocator during two training steps "
          f"({MEMORY.preset}, batch {BATCH} x {SEQ} tokens)")
 
-# %%
+# %% tags=["hide-input"]
 experiments.show_recorded("training_memory", show=pages.show_training_memory, would_show=(
     "On a CUDA GPU it reads `torch.cuda.memory_allocated` around the same phases with the "
     "`small` preset, and the 'unexplained' column shows what the caching allocator adds."))
@@ -407,12 +414,12 @@ experiments.show_recorded("training_memory", show=pages.show_training_memory, wo
 # ({glue:text}`shared_lines`), with the presets marked and the memory of one and of
 # {glue:text}`n_devices` GPUs as ceilings. A line crosses a ceiling at the largest trainable model.
 
-# %%
+# %% tags=["remove-cell"]
 by_bytes = {}
 for r in memory.RECIPES.values():
     by_bytes.setdefault(r.bytes_per_param, []).append(r.name)
-glue("shared_lines", "; ".join(f"{', '.join(names[1:])} dashed on {names[0]}"
-                                for names in by_bytes.values() if len(names) > 1))
+shared_lines = glue("shared_lines", "; ".join(f"{', '.join(names[1:])} dashed on {names[0]}"
+                                              for names in by_bytes.values() if len(names) > 1))
 
 # %% tags=["remove-input"]
 kit.draw(plotting.plot_model_states, n_params, width=7.5, height=4.6, accelerator=ACCELERATOR,
@@ -437,7 +444,7 @@ kit.draw(plotting.plot_model_states, n_params, width=7.5, height=4.6, accelerato
 #
 # ## Exercises
 #
-# ### Q1 [The stride of a permuted tensor]
+# ### Q1 The stride of a permuted tensor
 #
 # A contiguous tensor has shape (batch, seq, heads, d_head) = {glue:text}`q1_shape`. What are the
 # strides of `t.permute(0, 2, 1, 3)`, is the result contiguous, and at which storage position is its
@@ -463,7 +470,7 @@ for name, value in [("shape", PERMUTED_SHAPE), ("index", list(PERMUTED_INDEX)),
     glue(f"q1_{name}", str(value))
 
 # %% [markdown]
-# ### Q2 [What does torch.save write for a slice?]
+# ### Q2 What does torch.save write for a slice?
 #
 # Save only the last position's logits, `logits[:, -1]`, of fp32 logits of shape (batch, seq, vocab)
 # with `torch.save` to an in-memory buffer. How many bytes are written, compared with the slice's
@@ -487,7 +494,7 @@ slice_only = glue("q2_slice", memory.tensor_bytes((BATCH, cfg.vocab_size), "fp32
 assert written["view"] > memory.tensor_bytes(logits.shape, "fp32") > written["clone"] > slice_only
 
 # %% [markdown]
-# ### Q3 [One preset on many GPUs: states, activations, sharding]
+# ### Q3 (multi-step) One preset on many GPUs: states, activations, sharding
 #
 # Take the {glue:text}`q3_preset` preset on {glue:text}`n_devices` {glue:text}`accelerator` GPUs,
 # {glue:text}`q3_batch` sequences of {glue:text}`q3_seq:,` tokens per GPU. (a) How many GB of model
@@ -499,9 +506,10 @@ assert written["view"] > memory.tensor_bytes(logits.shape, "fp32") > written["cl
 # which not at all?
 #
 # ```{dropdown} Answer
-# (a) The table below. (b) One layer saves {glue:text}`q3_layer_fp32:.2f` GB in fp32 and
-# {glue:text}`q3_layer_bf16:.2f` GB in bf16; the naive attention weights (batch × heads × seq²
-# elements) are {glue:text}`q3_attn_share:.0%` of the bf16 count. (c) Replicated, only
+# (a) The table below, in GB (✗: more than one GPU's {glue:text}`hbm_gb:.0f` GB). (b) One layer
+# saves {glue:text}`q3_layer_fp32:.2f` GB in fp32 and {glue:text}`q3_layer_bf16:.2f` GB in bf16; the
+# naive attention weights (batch × heads × seq² elements) are {glue:text}`q3_attn_share:.0%` of the
+# bf16 count. (c) Replicated, only
 # {glue:text}`q3_both` fit; {glue:text}`q3_only_sharded` fit only when sharded;
 # {glue:text}`q3_neither` do not fit even sharded{glue:text}`q3_neither_reason`. All of this is
 # before logits, temporaries and the CUDA context.
@@ -520,8 +528,8 @@ for r in memory.RECIPES.values():
     acts = chain.n_layers * layer["fp32" if r.weight_bytes == 4 else "bf16"]
     need = {"replicated": states[r.name] + acts, "sharded": states[r.name] / N_DEVICES + acts}
     fits[r.name] = {k: v <= hbm_bytes for k, v in need.items()}
-    rows.append([f"`{r.name}`", f"{states[r.name] / GB:.1f}", f"{acts / GB:.1f}",
-                 *(f"{v / GB:.1f}" for v in need.values()), *fits[r.name].values()])
+    rows.append([f"`{r.name}`", f"{states[r.name] / GB:.1f}", f"{acts / GB:.1f}", *(
+        f"{v / GB:.1f}" + ("" if v <= hbm_bytes else " ✗") for v in need.values())])
 groups = {"both": [n for n, f in fits.items() if f["replicated"]],
           "only_sharded": [n for n, f in fits.items() if f["sharded"] and not f["replicated"]],
           "neither": [n for n, f in fits.items() if not f["sharded"]]}
@@ -533,11 +541,10 @@ for name, value in [("preset", CHAIN_PRESET), ("batch", CHAIN_BATCH), ("seq", CH
                     ("attn_share", attention_weights / layer["bf16"]),
                     *((k, ", ".join(v) or "none") for k, v in groups.items())]:
     glue(f"q3_{name}", value)
-Table(["recipe", "states (GB)", "activations (GB)", "per GPU, replicated (GB)",
-       "per GPU, sharded (GB)", "fits replicated", "fits sharded"], rows)
+Table(["recipe", "states", "activations", "per GPU, replicated", "per GPU, sharded"], rows)
 
 # %% [markdown]
-# ### Q4 [Find the error]
+# ### Q4 (find the error) Mixed precision halves the memory
 #
 # A widely shared one-pager on byte movement says of mixed precision: *weights and gradients take 2
 # bytes instead of 4, activations half the memory, fp32 master weights and optimizer states are
@@ -567,13 +574,53 @@ saving = {b: (fp32_states + b * act["fp32"]) / (mixed_states + b * act["bf16"])
           for b in (1, CHAIN_BATCH, batch_15 - 1, batch_15)}  # total fp32 over mixed memory
 assert saving[batch_15] >= 1.5 > saving[batch_15 - 1]
 assert saving[1] < 1.5 and act["fp32"] / act["bf16"] < 2  # the limit for huge batches: below 2x
-for name, value in [("states_ratio", fp32_states / mixed_states),
+for name, value in [("states_ratio", fp32_states / mixed_states), ("batch_15", batch_15),
                     ("states_ratio18", fp32_states / states["bf16_mixed_adamw_fp32_grads"]),
                     ("saving_1", saving[1]), ("saving_b", saving[CHAIN_BATCH]),
-                    ("batch_15", batch_15), ("act_ratio", act["fp32"] / act["bf16"])]:
+                    ("act_ratio", act["fp32"] / act["bf16"])]:
     glue(f"q4_{name}", value)
 
 # %% [markdown]
+# ### Q5 (code) Every position a view reaches
+#
+# The diagram of the views above lists, for each view, the storage positions its elements occupy
+# in index order. Write that list from the metadata alone: complete `reached(shape, stride,
+# offset)` without torch, then count how many distinct storage cells the expand view reaches. The
+# hidden cell checks your function on every view of the section against what torch reads.
+
+# %%
+def reached(shape, stride, offset):  # <- your code here
+    """Storage position of every element of a view (shape, stride, offset), in index order."""
+    raise NotImplementedError("offset + sum(index[d] * stride[d]) for every index, row-major")
+
+
+# %% tags=["hide-cell"]
+# The book's solution (opened on demand). `solved_by` checks the reader's function once it is
+# written, and the book's while it is not.
+def reached_solution(shape, stride, offset):
+    found = [offset]
+    for size, step in zip(shape, stride, strict=True):  # outermost dimension first
+        found = [p + i * step for p in found for i in range(size)]  # each index of the next dim
+    return found
+
+
+for name, v in views.items():  # the arange base: each value read is its storage position
+    found, whose = solved_by(reached, reached_solution, v.shape, v.stride(), v.storage_offset())
+    assert found == v.reshape(-1).long().tolist() == view_diagram.positions(v), name
+cells = glue("q5_cells", len(set(found)))  # the last view, the expand: one row, read again
+assert name.startswith("[1:, :1].expand") and cells == DEMO_SHAPE[-1] < glue("q5_numel", v.numel())
+print(f"checked: {whose} solution, on {len(views)} views")
+
+# %% [markdown]
+# ```{dropdown} Answer
+# Start from the offset, then take one dimension at a time, outermost first: every position found
+# so far is followed by itself plus $i \cdot \text{stride}$ for each index $i$ of the dimension.
+# After the last dimension the list holds one position per element, in row-major index order:
+# exactly `element_offset` of every index. The expand view has {glue:text}`q5_numel` elements but
+# reaches only {glue:text}`q5_cells` distinct cells: its stride-0 dimension reads the same row
+# again. The cell checks the function on every view of the section.
+# ```
+#
 # ## Summary
 #
 # - A tensor is a storage plus shape, strides and an offset; element `index` sits at `storage_offset

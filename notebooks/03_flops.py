@@ -15,6 +15,8 @@
 # **Question.** How many days does it take to train a {glue:text}`n_params_b:.0f`-billion-parameter
 # model on {glue:text}`n_tokens_t:.0f` trillion tokens with {glue:text}`n_gpus:,`
 # {glue:text}`gpu_name` GPUs?
+#
+# Cheat sheet: {doc}`../book/flops_onepager`.
 
 # %% tags=["remove-cell"]
 # Colab or a fresh kernel: install the book's library if it is missing (a no-op in the book's own
@@ -35,23 +37,26 @@ if importlib.util.find_spec("mlsys") is None:
             "repository (`pip install -e .` at its root), then restart the kernel.")
     importlib.invalidate_caches()
 
-# %%
+# %% tags=["remove-input"]
 from mlsys import env
 
 print(env.describe())
 
-# %%
+# %% tags=["remove-cell"]
 import datetime
 import math
 
+import matplotlib.pyplot as plt
 import torch
+from IPython.display import display
 from torch.utils.flop_counter import FlopCounterMode
 
 from mlsys import experiments, hardware
 from mlsys.accounting import flops, memory, utilization
 from mlsys.accounting.params import count_params, param_counts
-from mlsys.book import glue
-from mlsys.experiments import flop_counts, kit, pages, train_step
+from mlsys.book import glue, solved_by
+from mlsys.diagrams import flops as flop_diagrams
+from mlsys.experiments import flop_counts, kit, train_step
 from mlsys.models.config import TransformerConfig
 from mlsys.models.counting import count_model_flops
 from mlsys.numerics import precision
@@ -75,7 +80,6 @@ RULE_PRESETS = ("debug", "small", "medium", "large", "xl", "2.7B")  # the 6N plo
 RULE_SEQS = tuple(2**k for k in range(6, 18))  # 64 ... 131,072 tokens
 # Measured MFU of training steps on this machine: sizes per profile live with the experiment
 STEPS = env.pick(**train_step.SIZES)
-print(STEPS)
 
 
 # %% tags=["remove-cell"]
@@ -105,8 +109,10 @@ assert math.isclose(days * SECONDS_PER_DAY,
 sparse_peak = GPU.sparse_flop_per_s(PEAK_DTYPE)
 sparse_days = utilization.training_time_s(total_flops, N_GPUS, sparse_peak,
                                           TARGET_MFU) / SECONDS_PER_DAY
-print(f"6 x {N_PARAMS:.3g} parameters x {N_TOKENS:.3g} tokens = {total_flops:.3g} FLOPs: "
-      f"{days:.1f} days ({sparse_days:.1f} with the sparse peak, which is wrong)")
+print(f"6 N D = {total_flops:.3g} FLOPs: {days:.1f} days ({sparse_days:.1f} with the sparse "
+      "peak, which is wrong)")
+
+# %% tags=["remove-cell"]
 for name, value in {"n_params_b": N_PARAMS / 1e9, "n_tokens_t": N_TOKENS / 1e12, "n_gpus": N_GPUS,
                     "gpu_name": GPU.name, "target_mfu_pct": 100 * TARGET_MFU, "days": days,
                     "total_flops": total_flops, "peak_tflops": peak / 1e12,
@@ -136,6 +142,8 @@ ratio_70b = detailed_70b / flops.six_n_flops_per_token(n_70b)
 days_detailed = utilization.training_time_s(detailed_70b * N_TOKENS, N_GPUS, peak, TARGET_MFU)
 days_detailed /= SECONDS_PER_DAY
 print(f"N = {n_70b:,}; detailed / 6N at seq {SEQ_70B}: {ratio_70b:.3f} -> {days_detailed:.1f} days")
+
+# %% tags=["remove-cell"]
 for name, value in {"n_70b_b": n_70b / 1e9, "layers_70b": SHAPE_70B.n_layers, "seq_70b": SEQ_70B,
                     "d_model_70b": SHAPE_70B.d_model, "ratio_70b_pct": 100 * (ratio_70b - 1),
                     "days_detailed": days_detailed}.items():
@@ -185,7 +193,21 @@ print(f"({m} x {k}) @ ({k} x {n}): counter {counter.get_total_flops():,} = 2mnk"
 #   $2\,d_\text{in}\,t\,d_\text{out}$.
 #
 # So **backward = 2 × forward** and forward + backward = 3 × forward, 6 FLOPs per weight per
-# token.
+# token. Drawn to scale for {glue:text}`lin_tokens` tokens and a {glue:text}`lin_d_in` →
+# {glue:text}`lin_d_out` layer (`mlsys.diagrams.flops`), each matmul's output $C$ below its right
+# operand and beside its left one, so that a row and a column meet at the element they make:
+
+# %% tags=["remove-input"]
+for name, value in {"lin_tokens": LINEAR_TOKENS, "lin_d_in": LINEAR_D_IN,
+                    "lin_d_out": LINEAR_D_OUT}.items():
+    glue(name, value)
+flop_diagrams.draw_linear_passes(LINEAR_TOKENS, LINEAR_D_IN, LINEAR_D_OUT)
+plt.show()
+
+# %% [markdown]
+# The three products are built from the same three sizes in a different order: each multiplies
+# along a different one of them (the forward along $d_\text{in}$, $dX$ along $d_\text{out}$, $dW$
+# along the tokens), and each costs $2\,t\,d_\text{in}\,d_\text{out}$.
 #
 # ```{literalinclude} ../lib/mlsys/accounting/flops.py
 # :pyobject: linear_backward_flops
@@ -229,18 +251,14 @@ print(f"forward {fwd:,}, backward {bwd:,} (2x)")
 # For the {glue:text}`breakdown_preset` preset at batch {glue:text}`batch` and sequence
 # {glue:text}`seq` the block's budget is (shares of the block's total):
 
-# %%
+# %% tags=["hide-input"]
 cfg = TransformerConfig.preset(BREAKDOWN_PRESET)
 lf = flops.layer_flops(cfg, BATCH, SEQ)
 block_total = lf.matmul_flops + lf.elementwise_flops
-# every term of `lf` against its formula written out apart (`flop_counts.BLOCK_FORMULAS`)
-block_table = flop_counts.block_table(cfg, BATCH, SEQ)
 for name, value in {"elementwise_share_pct": 100 * lf.elementwise_flops / block_total,
                     "breakdown_preset": BREAKDOWN_PRESET, "batch": BATCH, "seq": SEQ}.items():
     glue(name, value)
-
-# %% tags=["remove-input"]
-block_table
+flop_counts.block_table(cfg, BATCH, SEQ)  # each term against `flop_counts.BLOCK_FORMULAS`
 
 # %% [markdown]
 # The elementwise estimates add up to {glue:text}`elementwise_share_pct:.2f`% of the block: norms,
@@ -249,6 +267,20 @@ block_table
 # are limited by memory bandwidth, not arithmetic.) `torch.utils.flop_counter` counts only matmuls
 # and convolutions for the same reason, and from here on "FLOPs" means matmul FLOPs unless a table
 # says otherwise.
+#
+# The nine matmuls of the block with their backward, each split into the gradients of its two
+# operands as for the linear layer above (for the scores $QK^\top$ they are $dQ$ and $dK$, for the
+# weighted values $dP$ and $dV$: the same rule, no weight involved):
+
+# %% tags=["remove-input"]
+glue("t2_share_pct", 100 * (lf.attention_scores + lf.attention_values) / lf.matmul_flops)
+flop_diagrams.draw_block_flops(cfg, BATCH, SEQ)
+plt.show()
+
+# %% [markdown]
+# Every row is three equal parts, so the block's backward is twice its forward whatever the sizes;
+# what the sizes decide is the length of the rows. Here the SwiGLU matrices are the longest, and
+# the two $T^2$ matmuls are {glue:text}`t2_share_pct:.0f`% of the block's matmul FLOPs.
 #
 # The whole model adds the output head, a $D \times V$ linear layer ($2BTDV$), and the final norm;
 # the embedding is a table lookup and costs no FLOPs. `transformer_flops` assembles the totals, and
@@ -280,14 +312,12 @@ assert counter.get_total_flops() == predicted.forward_matmul_flops
 # for the forward + backward where this profile runs it (the backward on the meta device takes a few
 # seconds per preset):
 
-# %%
+# %% tags=["hide-input"]
 # each total asserted against `transformer_flops`, and forward + backward against 3 forwards
 preset_table, counted_totals = flop_counts.preset_counts(PRESETS_UP_TO_XL, COUNTER_BATCH,
                                                          COUNTER_SEQ, BACKWARD_PRESETS)
 for name, value in {"counter_batch": COUNTER_BATCH, "counter_seq": COUNTER_SEQ}.items():
     glue(name, value)
-
-# %% tags=["remove-input"]
 preset_table
 
 # %% [markdown]
@@ -323,11 +353,8 @@ preset_table
 # :pyobject: training_flops_per_token
 # ```
 
-# %%
-six_n_table = flop_counts.six_n_table(RULE_PRESETS)  # asserts: detailed = 6 N_matmul + 12 LTD
-
-# %% tags=["remove-input"]
-six_n_table
+# %% tags=["hide-input"]
+flop_counts.six_n_table(RULE_PRESETS)  # asserts: detailed = 6 N_matmul + 12 LTD
 
 # %% [markdown]
 # Two things separate the rule from the count, and the plot below shows both over sequence length:
@@ -338,7 +365,7 @@ six_n_table
 # - **Small models.** The embedding table is in $N$ but costs no FLOPs. In a large model it is a
 #   sliver of $N$; in the `debug` model it is a large share, and 6N overcounts.
 
-# %%
+# %% tags=["remove-cell"]
 ratios = {name: [flops.six_n_ratio(TransformerConfig.preset(name), s) for s in RULE_SEQS]
           for name in RULE_PRESETS}
 LONG_PRESET, LONG_SEQ, SHORT_SEQ = "xl", 16_384, 128
@@ -387,15 +414,13 @@ kit.draw(flop_counts.plot_shares, RULE_PRESETS, width=6.8, height=4.0, seq=SEQ)
 # :pyobject: claimed_attention_flops
 # ```
 
-# %%
+# %% tags=["hide-input"]
 # name: (claimed formula, its value, corrected formula, its value, the counter); each asserted
 checks = flop_counts.claimed_checks(cfg, BATCH, SEQ, counted)  # the `small` model's counts, above
 attention_check = checks["attention sub-layer"]
 for name, value in {"attention_claim_ratio": attention_check[1] / attention_check[4],
                     "n_heads": cfg.n_heads, "vocab": cfg.vocab_size}.items():
     glue(name, value)
-
-# %% tags=["remove-input"]
 flop_counts.claimed_table(checks)
 
 # %% [markdown]
@@ -449,12 +474,15 @@ assert math.isclose(step_hfu, 4 / 3 * step_mfu)
 
 # %%
 step_rows = train_step.run(STEPS)
-glue("mfu_verdict", train_step.mfu_verdict(step_rows))
-glue("device_name", env.device_name())
-glue("train_desc", f"{STEPS.dtype} matmuls, d_model {STEPS.config.d_model}, "
-     f"{STEPS.config.n_layers} layers, batch {STEPS.batch}")
-glue("best_mfu_pct", 100 * max(train_step.mfus(step_rows).values()))
 train_step.table(step_rows, hardware.detect())
+
+# %% tags=["remove-cell"]
+for name, value in {"mfu_verdict": train_step.mfu_verdict(step_rows),
+                    "device_name": env.device_name(),
+                    "train_desc": f"{STEPS.dtype} matmuls, d_model {STEPS.config.d_model}, "
+                                  f"{STEPS.config.n_layers} layers, batch {STEPS.batch}",
+                    "best_mfu_pct": 100 * max(train_step.mfus(step_rows).values())}.items():
+    glue(name, value)
 
 # %% tags=["remove-input"]
 kit.draw(train_step.plot, step_rows, width=6.4, height=3.8, accelerator=hardware.detect(),
@@ -464,10 +492,20 @@ kit.draw(train_step.plot, step_rows, width=6.4, height=3.8, accelerator=hardware
 # On {glue:text}`device_name` ({glue:text}`train_desc`): {glue:text}`mfu_verdict`. Large training
 # runs report MFU around 40–50% (PaLM: 46% {cite}`chowdhery2022palm`); reaching that takes large
 # matmuls, fused kernels, and the parallelism chapters' overlap of communication with compute.
-# Recorded GPU runs of the same experiment (`python -m mlsys.experiments train_step` on a GPU):
+# The same experiment at GPU sizes: {glue:text}`step_records`
 
-# %%
-experiments.show_recorded("train_step", tables=[], show=pages.show_train_step)
+# %% tags=["remove-input"]
+step_records = experiments.recorded("train_step")
+glue("step_records", "no GPU record of it exists yet; 'python -m mlsys.experiments train_step' "
+     "on a CUDA GPU records one, and this page then shows it here." if not step_records else
+     "; ".join(f"recorded on {r['provenance']['device']} (torch {r['provenance']['torch_version']}"
+               f", {r['provenance']['date'][:10]}), {train_step.mfu_verdict(r['results'])}"
+               for r in step_records) + ".")
+for record in step_records:
+    accelerator = hardware.match_device_name(record["provenance"]["device"])
+    display(train_step.table(record["results"], accelerator))
+    kit.draw(train_step.plot, record["results"], width=6.4, height=3.8, accelerator=accelerator,
+             label=f", {record['provenance']['device']} (recorded)")
 
 # %% [markdown]
 # With the FLOPs known, the step time of any preset on any accelerator at a stated MFU is one
@@ -488,7 +526,7 @@ experiments.show_recorded("train_step", tables=[], show=pages.show_train_step)
 #
 # ## Exercises
 #
-# ### Q1 [When attention catches up]
+# ### Q1 When attention catches up
 #
 # At what sequence length do the two attention matmuls (scores and weighted values) account for half
 # of all the matmul FLOPs of the `small` preset?
@@ -500,18 +538,19 @@ n_matmul = pc.matmul
 t_half = n_matmul / (2 * small.n_layers * small.d_model)  # 12 L T D = 6 N_matmul
 assert flops.attention_share(small, math.floor(t_half)) < 0.5
 assert flops.attention_share(small, math.ceil(t_half)) >= 0.5
-glue("q2_t_half", t_half)
-glue("q2_over_context", t_half / small.context_length)
+for name, value in {"q2_t_half": t_half, "q2_over_context": t_half / small.context_length}.items():
+    glue(name, value)
 
 # %% [markdown]
 # ```{dropdown} Answer
 # Per token the attention matmuls cost $12LTD$ (training) against $6N_\text{matmul}$ for everything
-# else; they are half the total when $12LTD = 6N_\text{matmul}$, at $T = N_\text{matmul} / (2LD)$ =
+# else (the section on FLOPs per token). They are half the total when the two are equal:
+# $12LTD = 6N_\text{matmul}$, so $T = N_\text{matmul} / (2LD)$ =
 # {glue:text}`q2_t_half:,.0f` tokens, about $8D$ as the rule of thumb above says, and
 # {glue:text}`q2_over_context:.1f` times `small`'s context length.
 # ```
 #
-# ### Q2 [Chain: 2.7B on 8 H100s, from bits to days]
+# ### Q2 Chain: 2.7B on 8 H100s, from bits to days
 #
 # Train the `2.7B` preset on 8 H100s with bf16 mixed-precision AdamW on 50B tokens of 1,024-token
 # sequences. (a) Do its model states fit on one GPU? (b) Why does the recipe keep fp32 master
@@ -542,23 +581,108 @@ for name, value in {"q5_state_gb": state_q5 / 1e9, "q5_update": smallest_update,
 # MFU.
 # ```
 #
-# ### Q3 [Find the error]
+# ### Q3 (find the error) 6N whatever the context
 #
 # "Training costs 6N FLOPs per token whatever the context: the 2.7B preset costs the same per token
-# at 32,768 tokens as at 1,024." Check it with `training_flops_per_token`.
+# at 32,768 tokens as at 1,024." Find the error, and check it with `training_flops_per_token`.
 
 # %% tags=["hide-cell"]
 short_q6, long_q6 = (flops.training_flops_per_token(big, t) for t in (1_024, 32_768))
 assert long_q6 - short_q6 == 12 * big.n_layers * (32_768 - 1_024) * big.d_model  # the 12LTD term
-glue("q6_ratio", long_q6 / short_q6)
-glue("q6_six_n", 6 * count_params(big) / 1e9)
-glue("q6_long", long_q6 / 1e9)
+for name, value in {"q6_ratio": long_q6 / short_q6, "q6_six_n": 6 * count_params(big) / 1e9,
+                    "q6_long": long_q6 / 1e9, "q6_short": short_q6 / 1e9}.items():
+    glue(name, value)
 
 # %% [markdown]
 # ```{dropdown} Answer
-# The attention matmuls cost $12LTD$ per token and grow with $T$: at 32,768 tokens a token costs
-# {glue:text}`q6_long:.0f` GFLOP against 6N = {glue:text}`q6_six_n:.1f`, and
-# {glue:text}`q6_ratio:.1f`× what it costs at 1,024 tokens.
+# The rule drops the attention matmuls (scores and weighted values), which have no parameters and
+# cost $12LTD$ per token: they grow with $T$. The cell checks that the whole difference between
+# the two lengths is that term. At 1,024 tokens a token costs {glue:text}`q6_short:.1f` GFLOP,
+# close to 6N = {glue:text}`q6_six_n:.1f`; at 32,768 tokens it costs {glue:text}`q6_long:.0f`
+# GFLOP, {glue:text}`q6_ratio:.1f`× as much. The corrected rule: $6N_\text{matmul} + 12LTD$.
+# ```
+#
+# ### Q4 (multi-step) What a month of 8 H100s buys
+#
+# You have 8 H100s for 30 days and train the `2.7B` preset at 40% MFU of the dense bf16 peak.
+# (a) What does one token cost in training FLOPs at 1,024-token sequences (the detailed count)?
+# (b) How many tokens can the month train, from (a)? (c) The Chinchilla rule of thumb asks for
+# about 20 tokens per parameter {cite}`hoffmann2022chinchilla`: how many tokens per parameter
+# does (b) give, and how many days would the Chinchilla amount take? (d) Train on 8,192-token
+# sequences instead: by how much does (a) grow, and how many tokens does the month train then?
+
+# %% tags=["hide-cell"]
+month_s, gpus_q4, mfu_q4 = 30 * SECONDS_PER_DAY, 8, 0.4
+per_token_1k = flops.training_flops_per_token(big, 1_024)  # (a)
+tokens_1k = month_s * gpus_q4 * peak * mfu_q4 / per_token_1k  # (b): delivered FLOPs / cost
+chinchilla = 20 * count_params(big)  # (c)
+days_chinchilla = 30 * chinchilla / tokens_1k
+per_token_8k = flops.training_flops_per_token(big, 8_192)  # (d): the 12 L T D term grows
+tokens_8k = tokens_1k * per_token_1k / per_token_8k
+assert math.isclose(utilization.training_time_s(per_token_1k * tokens_1k, gpus_q4, peak, mfu_q4),
+                    month_s)  # (b) is the inverse of the chapter's time formula
+assert per_token_8k - per_token_1k == 12 * big.n_layers * (8_192 - 1_024) * big.d_model
+assert chinchilla < tokens_8k < tokens_1k
+for name, value in {"q4_gflop_1k": per_token_1k / 1e9, "q4_tokens_b": tokens_1k / 1e9,
+                    "q4_chinchilla_b": chinchilla / 1e9, "q4_days": days_chinchilla,
+                    "q4_per_param": tokens_1k / count_params(big),
+                    "q4_tokens_8k_b": tokens_8k / 1e9,
+                    "q4_growth_pct": 100 * (per_token_8k / per_token_1k - 1)}.items():
+    glue(name, value)
+
+# %% [markdown]
+# ```{dropdown} Answer
+# (a) $6N_\text{matmul} + 12LTD$ at $T$ = 1,024: {glue:text}`q4_gflop_1k:.1f` GFLOP per token.
+# (b) The month delivers 30 days × 8 GPUs × the dense peak × 0.4 FLOPs; divided by (a), that is
+# {glue:text}`q4_tokens_b:.0f`B tokens. (c) That is {glue:text}`q4_per_param:.0f` tokens per
+# parameter; 20 per parameter, {glue:text}`q4_chinchilla_b:.0f`B tokens, takes only
+# {glue:text}`q4_days:.1f` days, and the rest of the month trains past it (as recent models do, to
+# make a small model better at a fixed inference cost). (d) The attention term grows eightfold:
+# a token costs {glue:text}`q4_growth_pct:.0f`% more, and the month trains
+# {glue:text}`q4_tokens_8k_b:.0f`B tokens.
+# ```
+#
+# ### Q5 (code) One block's forward, counted by hand
+#
+# Write the forward matmul FLOPs of one block of the book's transformer from its sizes alone:
+# batch $B$, sequence $T$, width $D$ and the SwiGLU width $F$ (the head count does not appear:
+# why?). The hidden cell checks your function against PyTorch's counter on the `small` model
+# counted above, and against `layer_flops` at other sizes.
+
+# %%
+def block_forward_flops(batch, seq, d_model, d_ff):  # <- your code here
+    """Forward matmul FLOPs of one block: attention (q, k, v, o, scores, values) and SwiGLU."""
+    raise NotImplementedError("count the nine matmuls of one block")
+
+
+# %% tags=["hide-cell"]
+# The book's solution (opened on demand). `solved_by` checks the reader's function once it is
+# written, and the book's while it is not.
+def block_forward_flops_solution(batch, seq, d_model, d_ff):
+    tokens = batch * seq
+    projections = 4 * 2 * tokens * d_model * d_model  # q, k, v, o: (BT x D) @ (D x D)
+    attention = 2 * 2 * batch * seq * seq * d_model  # scores and values: 2 T^2 d_head x H heads
+    swiglu = 3 * 2 * tokens * d_model * d_ff  # w1 and w3: D -> F; w2: F -> D
+    return projections + attention + swiglu
+
+
+q5, whose = solved_by(block_forward_flops, block_forward_flops_solution, BATCH, SEQ, cfg.d_model,
+                      cfg.d_ff)
+assert q5 == sum(counted["Transformer.blocks.0"].values())  # PyTorch's counter, `small`
+for preset, b, t in (("debug", 3, 37), ("medium", 2, 100), ("2.7B", 1, 1_000)):
+    other = TransformerConfig.preset(preset)
+    assert solved_by(block_forward_flops, block_forward_flops_solution, b, t, other.d_model,
+                     other.d_ff)[0] == flops.layer_flops(other, b, t).matmul_flops, preset
+glue("block_code_gflop", q5 / 1e9)
+print(f"checked: {whose} solution gives the counter's {q5:,} FLOPs for one `small` block")
+
+# %% [markdown]
+# ```{dropdown} Answer
+# Four $D \times D$ projections over $BT$ tokens, $4 \cdot 2BTD^2$; the scores and the weighted
+# values, $2T^2 d_\text{head}$ each per head and sequence, so $2 \cdot 2BT^2D$ once the $H$ heads
+# are summed ($H d_\text{head} = D$: that is why $H$ drops out); SwiGLU's three matrices,
+# $3 \cdot 2BTDF$. For `small` at batch {glue:text}`batch` and sequence {glue:text}`seq`:
+# {glue:text}`block_code_gflop:.2f` GFLOP, exactly what `FlopCounterMode` counted for `blocks.0`.
 # ```
 #
 # ## Summary

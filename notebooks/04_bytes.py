@@ -15,6 +15,8 @@
 # **Question.** An H100 reads memory at {glue:text}`h100_tb_per_s:.2f` TB/s and multiplies bf16
 # matrices at {glue:text}`h100_tflops:.0f` TFLOP/s: how large must a square bf16 matmul be before
 # arithmetic, not memory, limits it, and what fraction of the peak can an elementwise op ever reach?
+#
+# Cheat sheet: {doc}`../book/bytes_onepager`.
 
 # %% tags=["remove-cell"]
 # Colab or a fresh kernel: install the book's library if it is missing (a no-op in the book's own
@@ -35,14 +37,15 @@ if importlib.util.find_spec("mlsys") is None:
             "repository (`pip install -e .` at its root), then restart the kernel.")
     importlib.invalidate_caches()
 
-# %%
+# %% tags=["remove-input"]
 from mlsys import env
 
 print(env.describe())
 
-# %%
+# %% tags=["remove-cell"]
 import math
 
+import matplotlib.pyplot as plt
 import torch
 from IPython.display import display
 
@@ -51,7 +54,8 @@ from mlsys.accounting import bytes as bytes_moved
 from mlsys.accounting import flops, params
 from mlsys.accounting.napkin import napkin
 from mlsys.accounting.op_costs import op_costs
-from mlsys.book import Table, glue
+from mlsys.book import Table, glue, solved_by
+from mlsys.diagrams import hierarchy
 from mlsys.dtypes import bytes_per_element
 from mlsys.experiments import elementwise_fusion, fused_kernels, kit, op_overhead, roofline_ops
 from mlsys.experiments.byte_checks import kernel_table, linear_touches, touches_table
@@ -71,7 +75,6 @@ LINEAR_SHAPE = (7, 11, 13)  # tokens, d_in, d_out of the tallied layer: irregula
 OPS = env.pick(**roofline_ops.SIZES)
 FUSION = env.pick(**elementwise_fusion.SIZES)
 OVERHEAD = env.pick(**op_overhead.SIZES)
-print(OPS, FUSION, OVERHEAD, sep="\n")
 
 # %% [markdown]
 # A kernel does arithmetic on data that lives in memory. Every byte it needs has to be read from
@@ -81,6 +84,33 @@ print(OPS, FUSION, OVERHEAD, sep="\n")
 # {cite}`williams2009roofline,austin2025scaling`: one number per kernel, its arithmetic intensity,
 # says whether memory or arithmetic limits it. Then it measures both limits on the machine running
 # this page and checks the predictions against kernels of every kind.
+#
+# Where those bytes live, on the {glue:text}`spec_name` as `mlsys.hardware` describes it
+# (`mlsys.diagrams.hierarchy`): the levels on the chip, HBM beside it on the package, and the two
+# links that leave the package:
+
+# %% tags=["remove-input"]
+levels = {lv.name: lv for lv in hierarchy.memory_levels(SPEC)}
+on_chip = sum(levels[name].total_bytes for name in ("registers", "shared memory / L1"))
+assert on_chip > SPEC.l2_bytes and SPEC.hbm_bytes_per_s > SPEC.interconnect_bytes_per_s  # as said
+for name, value in {"regs_per_sm_kib": levels["registers"].per_sm_bytes / 2**10,
+                    "sm_count": SPEC.sm_count, "on_chip_mib": on_chip / 2**20,
+                    "l2_mib": SPEC.l2_bytes / 2**20, "hbm_over_l2": SPEC.hbm_bytes / SPEC.l2_bytes,
+                    "hbm_over_nvlink": SPEC.hbm_bytes_per_s / SPEC.interconnect_bytes_per_s,
+                    "hbm_over_pcie": SPEC.hbm_bytes_per_s / SPEC.pcie_bytes_per_s}.items():
+    glue(name, value)
+hierarchy.draw_memory_hierarchy(SPEC)
+plt.show()
+
+# %% [markdown]
+# A kernel's data starts and ends in HBM, {glue:text}`hbm_over_l2:,.0f` times the L2's size. On
+# the chip, each of the {glue:text}`sm_count` SMs has its own {glue:text}`regs_per_sm_kib:.0f` KiB
+# of registers and its shared memory, {glue:text}`on_chip_mib:.0f` MiB in all, more than the
+# {glue:text}`l2_mib:.0f` MiB L2; one program sees only its own SM's share. Off the package,
+# NVLink is {glue:text}`hbm_over_nvlink:.0f` times and PCIe {glue:text}`hbm_over_pcie:.0f` times
+# slower than HBM. The table holds no bandwidth for the on-chip levels, so the figure draws none:
+# what matters here is that they are faster than HBM, and a kernel that keeps its data there (a
+# fused or tiled one) moves only the HBM bytes counted below.
 #
 # ## Napkin math
 #
@@ -105,12 +135,14 @@ assert (bytes_moved.matmul_intensity(n_star, n_star, n_star, SPEC_DTYPE) >= h100
 ew_intensity = bytes_moved.elementwise_intensity(1, SPEC_DTYPE)  # 1 FLOP per element, 2 B + 2 B
 ew_fraction = spec_roof.attainable_flop_per_s(ew_intensity) / h100_peak
 assert ew_intensity == 1 / (2 * b_spec) and math.isclose(ew_fraction, ew_intensity / h100_ridge)
+print(f"{SPEC.name}: ridge {h100_ridge:.0f} FLOP/byte; square matmul compute-bound from N = "
+      f"{n_star};\nelementwise op at most {ew_fraction:.3%} of the peak")
+
+# %% tags=["remove-cell"]
 for name, value in {"h100_tb_per_s": h100_bw / 1e12, "h100_tflops": h100_peak / 1e12,
                     "h100_ridge": h100_ridge, "n_star": n_star, "ew_intensity": ew_intensity,
                     "ew_fraction_pct": 100 * ew_fraction, "spec_name": SPEC.name}.items():
     glue(name, value)
-print(f"{SPEC.name}: ridge {h100_ridge:.0f} FLOP/byte; square matmul compute-bound from N = "
-      f"{n_star}; elementwise op at most {ew_fraction:.3%} of the peak")
 
 # %% [markdown]
 # The answer, before anything runs: a square bf16 matmul needs $N \ge$ {glue:text}`n_star` to be
@@ -132,7 +164,7 @@ print(f"{SPEC.name}: ridge {h100_ridge:.0f} FLOP/byte; square matmul compute-bou
 # once and writes it once, so they are elementwise ops with a few FLOPs per element. Every operation
 # of a transformer, at {glue:text}`example_tokens:,` tokens of width {glue:text}`example_d:,`:
 
-# %%
+# %% tags=["hide-input"]
 glue("example_tokens", EXAMPLE_TOKENS)
 glue("example_d", EXAMPLE_D)
 costs = {dt: op_costs(dt, tokens=EXAMPLE_TOKENS, d_model=EXAMPLE_D, skinny_rows=SKINNY_ROWS,
@@ -145,7 +177,7 @@ Table(*tables.op_intensity_table(costs["fp32"], costs["bf16"], spec_roof, SPEC.n
 # and norms by factors of hundreds to thousands. That is the case for **fusion**: an elementwise op
 # cannot be made compute-bound, only merged into a neighbour so its bytes never travel on their own.
 
-# %%
+# %% tags=["remove-cell"]
 below = [h100_ridge / op.intensity for op in costs["bf16"] if op.intensity < h100_ridge]
 glue("below_text", tables.ridge_gap_text(costs["bf16"], SPEC, SPEC_DTYPE))
 glue("above_text", ", ".join(op.name for op in costs["bf16"] if op.intensity >= h100_ridge))
@@ -170,7 +202,7 @@ assert min(below) < 10 < 1000 < max(below)  # "a few" to "thousands", as said
 # 6)/(4b) = (d_\text{head} + 3/2)/b$ (its $T^2$ traffic grows as fast as the FLOPs), while the tiled
 # kernel's grows with $T$:
 
-# %%
+# %% tags=["hide-input"]
 bsz, heads, _, d_head = EXAMPLE_ATTN
 tiled_cross = next(seq for seq in ATTN_SEQS if bytes_moved.intensity(
     flops.scaled_dot_product_flops(bsz, heads, seq, d_head),
@@ -201,7 +233,7 @@ Table(*tables.attention_traffic_table(bsz, heads, d_head, ATTN_SEQS, SPEC_DTYPE,
 # PyTorch's dispatcher and lists every operation (views excluded) that touches $W$ or $dW$;
 # `ByteCounter` then checks the bytes of all three matmuls against `linear_traffic`.
 
-# %%
+# %% tags=["hide-input"]
 touches = linear_touches(*LINEAR_SHAPE, seed=SEED)  # asserted equal to linear_traffic
 glue("w_reads", touches.count("W", kind="read"))
 touches_table(touches)
@@ -212,7 +244,7 @@ touches_table(touches)
 # A widely shared one-page summary says that a linear layer's forward plus backward *reads the
 # weight matrix three times* and that elementwise ops have an intensity of *1 FLOP/byte*:
 
-# %%
+# %% tags=["hide-input"]
 for name, value in {"claim_ew_fp32": bytes_moved.elementwise_intensity(1, "fp32"),
                     "true_below": h100_ridge / ew_intensity, "claim_ew_bf16": ew_intensity,
                     "claimed_below": h100_ridge / 1.0}.items():
@@ -231,7 +263,7 @@ Table(*tables.byte_claims_table(EXAMPLE_TOKENS, EXAMPLE_D, SPEC_DTYPE))
 # peak of each dtype and the HBM bandwidth (the fp32 column uses the GPUs' non-tensor-core rate, the
 # roof for elementwise arithmetic):
 
-# %%
+# %% tags=["hide-input"]
 gpus = [hardware.get(k) for k in ("a100", "h100", "h200", "b200")]
 ridges = [g.ridge_intensity("bf16") for g in gpus]
 glue("ridge_path", tables.ridge_path(gpus, "bf16"))
@@ -302,10 +334,12 @@ kit.draw(plotting.plot_op_roofline, costs["bf16"], width=9.0, height=4.2, accele
 
 # %%
 ops_rows = roofline_ops.run(OPS)
+roofline_ops.table(ops_rows)
+
+# %% tags=["remove-cell"]
 glue("device_name", env.device_name())
 for name, value in roofline_ops.headline(ops_rows).items():  # roofs, attempts, verdicts
     glue(name, value)
-roofline_ops.table(ops_rows)
 
 # %% tags=["remove-input"]
 kit.draw(roofline_ops.plot, ops_rows, width=9.5, height=4.6, accelerator=hardware.detect(),
@@ -337,7 +371,7 @@ kit.draw(roofline_ops.plot, ops_rows, width=9.5, height=4.6, accelerator=hardwar
 # interpreter, for correctness only. Each is checked against its float64 reference on irregular
 # inputs at the library's per-dtype tolerances:
 
-# %%
+# %% tags=["hide-input"]
 from mlsys.kernels import _triton, elementwise, rmsnorm, softmax  # noqa: E402 (starts Triton)
 
 glue("kernel_mode", "interpreted on the CPU" if _triton.INTERPRETED else "compiled on the GPU"
@@ -360,8 +394,10 @@ kernel_table(torch.Generator().manual_seed(SEED), "cuda" if env.device() == "cud
 
 # %%
 fusion_rows = elementwise_fusion.run(FUSION)
-glue("sweep_verdict", elementwise_fusion.sweep_verdict(fusion_rows))
 elementwise_fusion.table(fusion_rows)
+
+# %% tags=["remove-cell"]
+sweep_verdict = glue("sweep_verdict", elementwise_fusion.sweep_verdict(fusion_rows))
 
 # %% tags=["remove-input"]
 kit.draw(elementwise_fusion.plot, fusion_rows, ncols=2, width=10.5, height=5.0,
@@ -378,7 +414,7 @@ kit.draw(elementwise_fusion.plot, fusion_rows, ncols=2, width=10.5, height=5.0,
 # reads it back. A fused kernel reads once and writes once. The byte ratio is exactly 2; the time
 # ratio follows it only if both versions are memory-bound.
 
-# %%
+# %% tags=["hide-input"]
 assert elementwise.eager_chain_bytes(FUSION.numel, "fp32", 2) == 2 * elementwise.repeat_unary_bytes(
     FUSION.numel, "fp32")
 glue("cos_verdict", elementwise_fusion.cos_verdict(fusion_rows))
@@ -404,11 +440,12 @@ elementwise_fusion.cos_table(fusion_rows)
 
 # %%
 overhead_rows = op_overhead.run(OVERHEAD)
-overhead_verdicts = op_overhead.verdicts(overhead_rows)
-glue("doubling_verdict", overhead_verdicts["doubling"])
-glue("remedy_verdict", overhead_verdicts["remedies"])
 display(op_overhead.table(overhead_rows))
 op_overhead.remedy_table(overhead_rows)
+
+# %% tags=["remove-cell"]
+for name, key in {"doubling_verdict": "doubling", "remedy_verdict": "remedies"}.items():
+    glue(name, op_overhead.verdicts(overhead_rows)[key])
 
 # %% tags=["remove-input"]
 kit.draw(op_overhead.plot, overhead_rows, ncols=2, width=10.5, height=3.9)
@@ -455,12 +492,12 @@ compile_predictions.row_predictions(report, "sm_90", FUSED_GPU.numel, FUSED_GPU.
 # `python -m mlsys.experiments` runs the same experiments in GPU sizes on a GPU and records them
 # under `results/` with their device, versions and date; `fused_kernels` also times the Triton
 # kernels against eager PyTorch and `torch.compile`. Every record present is shown here through the
-# same functions as the live run above:
+# same functions as the live run above. {glue:text}`missing_records`
 
-# %%
-experiments.show_recorded("roofline_ops", show=show_roofline_ops)
-for name in ("elementwise_fusion", "op_overhead", "fused_kernels"):
-    experiments.show_recorded(name)
+# %% tags=["remove-input"]
+missing = glue("missing_records", experiments.show_records(
+    ("roofline_ops", "elementwise_fusion", "op_overhead", "fused_kernels"),
+    shows={"roofline_ops": show_roofline_ops}))
 
 # %% [markdown]
 # ```{admonition} Takeaway
@@ -475,7 +512,7 @@ for name in ("elementwise_fusion", "op_overhead", "fused_kernels"):
 #
 # ## Exercises
 #
-# ### Q1 [When does a linear layer become compute-bound?]
+# ### Q1 When does a linear layer become compute-bound?
 #
 # A bf16 linear layer with $d_\text{in} = d_\text{out} = 4096$ runs on an H100. From how many tokens
 # is its forward matmul compute-bound? Use `matmul_intensity`, then derive the closed form.
@@ -485,8 +522,7 @@ d_q1, ridge_q1 = 4096, glue("q1_ridge", hardware.H100_SXM.ridge_intensity("bf16"
 tokens_q1 = next(t for t in range(1, 1 << 20)
                  if bytes_moved.matmul_intensity(t, d_q1, d_q1, "bf16") >= ridge_q1)
 # I = 2 t d^2 / (2 (t d + d^2 + t d)) = t d / (d + 2t) >= R  <=>  t >= R d / (d - 2R)
-assert tokens_q1 == math.ceil(ridge_q1 * d_q1 / (d_q1 - 2 * ridge_q1))
-glue("q1_tokens", tokens_q1)
+assert glue("q1_tokens", tokens_q1) == math.ceil(ridge_q1 * d_q1 / (d_q1 - 2 * ridge_q1))
 
 # %% [markdown]
 # ```{dropdown} Answer
@@ -497,7 +533,7 @@ glue("q1_tokens", tokens_q1)
 # layer is memory-bound: its time is the time to read the weights.
 # ```
 #
-# ### Q2 [Naive against tiled attention at 8,192 tokens]
+# ### Q2 Naive against tiled attention at 8,192 tokens
 #
 # For one layer's attention forward at $T = 8192$, batch 1, 32 heads of 128, bf16: how many bytes do
 # the naive and the tiled kernels move, and what does a tiled kernel with query blocks of 128 move?
@@ -523,12 +559,14 @@ for name, value in {"q2_naive_gb": naive_q2 / 1e9, "q2_tiled_mb": tiled_q2 / 1e6
 # It is an upper bound: the re-reads of $K$ and $V$ mostly hit the L2 cache.
 # ```
 #
-# ### Q3 [One preset, end to end: state, FLOPs, kernels, time]
+# ### Q3 (multi-step) One preset, end to end: state, FLOPs, kernels, time
 #
-# Train the `xl` preset on 8 H100s with bf16 mixed-precision AdamW, batch 8 × 1,024 tokens per GPU.
-# How many bytes of model state does each GPU hold (replicated), how many FLOPs does one step cost
-# per GPU, what are the intensities of its largest matmul (the SwiGLU up-projection) and of an
-# RMSNorm, and how long is a step at 40% MFU? Chain chapters 02, 03 and this one.
+# Train the `xl` preset on 8 H100s with bf16 mixed-precision AdamW, batch 8 × 1,024 tokens per GPU,
+# chaining chapters 02, 03 and this one. (a) How many bytes of model state does each GPU hold
+# (replicated), and what is left of its memory for activations? (b) How many FLOPs does one step
+# cost per GPU? (c) From (b), how long is a step at 40% MFU? (d) Is that MFU plausible: what are
+# the intensities of the largest matmul (the SwiGLU up-projection) and of an RMSNorm against the
+# ridge?
 
 # %% tags=["hide-cell"]
 xl = TransformerConfig.preset("xl")
@@ -540,6 +578,8 @@ assert trace.step_flops_per_device == flops.transformer_flops(xl, 8, 1024).train
 assert up.intensity_flop_per_byte == bytes_moved.matmul_intensity(8 * 1024, xl.d_ff, xl.d_model)
 assert norm.bound == "memory-bound" and up.bound == "compute-bound"  # one on each side
 for name, value in {"q4_state_gb": trace.replicated_bytes_per_device / 1e9,
+                    "q4_params_b": params.count_params(xl) / 1e9,
+                    "q4_left_gb": (SPEC.hbm_bytes - trace.replicated_bytes_per_device) / 1e9,
                     "q4_ms": trace.step_s * 1e3, "q4_tflop": trace.step_flops_per_device / 1e12,
                     "q4_up": up.intensity_flop_per_byte, "q4_norm": norm.intensity_flop_per_byte,
                     "q4_norm_below": h100_ridge / norm.intensity_flop_per_byte}.items():
@@ -547,17 +587,20 @@ for name, value in {"q4_state_gb": trace.replicated_bytes_per_device / 1e9,
 
 # %% [markdown]
 # ```{dropdown} Answer
-# 16 B/param × 2.0B parameters = {glue:text}`q4_state_gb:.1f` GB per GPU (replicated: every GPU
-# holds everything). One step costs {glue:text}`q4_tflop:.1f` TFLOP per GPU (3 × the forward
-# matmuls, chapter 03). The up-projection has intensity {glue:text}`q4_up:,.0f` FLOP/byte, above the
-# ridge of {glue:text}`h100_ridge:.0f`; an RMSNorm {glue:text}`q4_norm:.2g`,
-# {glue:text}`q4_norm_below:.0f` times below it. At 40% MFU a step takes {glue:text}`q4_ms:.0f` ms.
-# The cell asks `mlsys.accounting.napkin` for the whole chain and checks its links against the
-# chapters' functions; `python -m mlsys napkin --preset xl --gpu H100 --batch 8 --seq 1024 --devices
-# 8` prints it for any preset.
+# (a) 16 B/param × {glue:text}`q4_params_b:.2f`B parameters = {glue:text}`q4_state_gb:.1f` GB per
+# GPU (replicated: every GPU holds everything), which leaves {glue:text}`q4_left_gb:.0f` GB of
+# the 80 for activations. (b) One step costs {glue:text}`q4_tflop:.1f` TFLOP per GPU: 3 × the
+# forward matmuls of its 8 × 1,024 tokens (chapter 03). (c) At 40% of the dense peak, (b) takes
+# {glue:text}`q4_ms:.0f` ms. (d) The up-projection has intensity {glue:text}`q4_up:,.0f`
+# FLOP/byte, above the ridge of {glue:text}`h100_ridge:.0f`, so the matmuls that hold almost all
+# the FLOPs can run near the peak; an RMSNorm has {glue:text}`q4_norm:.2g`,
+# {glue:text}`q4_norm_below:.0f` times below the ridge: its time is bytes, not FLOPs, and it is
+# part of what keeps MFU well below 100%. The cell asks `mlsys.accounting.napkin` for the whole
+# chain and checks its links against the chapters' functions; `python -m mlsys napkin --preset xl
+# --gpu H100 --batch 8 --seq 1024 --devices 8` prints it for any preset.
 # ```
 #
-# ### Q4 [Find the error]
+# ### Q4 (find the error) A GELU at the compute roof
 #
 # "A bf16 GELU over an 8,192 × 8,192 activation does about 20 FLOPs per element, 1.3 GFLOP in all;
 # at the H100's 989 TFLOP/s that takes 1.4 µs." What is wrong, and how long does it take at least?
@@ -569,9 +612,9 @@ gelu = roofline.estimate(flops_per_element * n_q5,
 claimed_s = flops_per_element * n_q5 / h100_peak
 assert gelu.bound == "memory-bound" and gelu.time_s > 10 * claimed_s
 assert flops_per_element / (2 * b_spec) < h100_ridge / 10  # more than ten times below the ridge
-glue("q5_claimed_us", claimed_s * 1e6)
-glue("q5_us", gelu.time_s * 1e6)
-glue("q5_intensity", flops_per_element / (2 * b_spec))
+for name, value in {"q5_claimed_us": claimed_s * 1e6, "q5_us": gelu.time_s * 1e6,
+                    "q5_intensity": flops_per_element / (2 * b_spec)}.items():
+    glue(name, value)
 
 # %% [markdown]
 # ```{dropdown} Answer
@@ -580,6 +623,87 @@ glue("q5_intensity", flops_per_element / (2 * b_spec))
 # {glue:text}`h100_ridge:.0f`, so the time is the bytes over the
 # bandwidth: {glue:text}`q5_us:.0f` µs, not {glue:text}`q5_claimed_us:.1f` µs (and on the matrix
 # units' peak at that: GELU runs on the vector units, whose fp32 peak is much lower).
+# ```
+#
+# ### Q5 (find the error) Half a megabyte on chip
+#
+# A widely shared one-pager lists the A100's memory as: registers about 256 KB, L1/shared memory
+# 192 KB, L2 40 MB, HBM 80 GB. A reader concludes: "besides its L2, the A100 keeps less than half a
+# megabyte on the chip, about a hundredth of the L2". What is wrong? How much do the registers and
+# the shared memory hold in all, against the L2? (Use `hierarchy.memory_levels`.)
+
+# %% tags=["hide-cell"]
+a100_levels = {lv.name: lv for lv in hierarchy.memory_levels(hardware.A100_80GB_SXM)}
+regs_a100, smem_a100 = a100_levels["registers"], a100_levels["shared memory / L1"]
+claimed_on_chip = (256 + 192) * 1e3  # the one-pager's two figures, as one chip's total
+on_chip_a100 = regs_a100.total_bytes + smem_a100.total_bytes
+assert regs_a100.per_sm_bytes == 256 * 2**10  # the one-pager's register figure is one SM's
+assert on_chip_a100 > a100_levels["L2 cache"].total_bytes > 50 * claimed_on_chip
+for name, value in {"q6_sms": hardware.A100_80GB_SXM.sm_count,
+                    "q6_regs_mib": regs_a100.total_bytes / 2**20,
+                    "q6_smem_kib": smem_a100.per_sm_bytes / 2**10,
+                    "q6_smem_mib": smem_a100.total_bytes / 2**20,
+                    "q6_on_chip_mib": on_chip_a100 / 2**20,
+                    "q6_l2_mib": a100_levels["L2 cache"].total_bytes / 2**20,
+                    "q6_factor": on_chip_a100 / claimed_on_chip}.items():
+    glue(name, value)
+
+# %% [markdown]
+# ```{dropdown} Answer
+# The register and shared-memory figures are *per SM*, and the L2 and HBM figures are for the
+# whole chip: the table mixes the two. The A100 has {glue:text}`q6_sms` SMs, each with 64K 32-bit
+# registers (256 KiB) and up to {glue:text}`q6_smem_kib:.0f` KiB of shared memory (of the 192 KB
+# it shares with L1). In all: {glue:text}`q6_regs_mib:.1f` MiB of registers and
+# {glue:text}`q6_smem_mib:.1f` MiB of shared memory, {glue:text}`q6_on_chip_mib:.0f` MiB, more
+# than the {glue:text}`q6_l2_mib:.0f` MiB L2 and about {glue:text}`q6_factor:.0f` times the
+# reader's half megabyte. What the per-SM figure does limit is one program: a kernel's tile must
+# fit *one* SM's registers and shared memory ({ref}`sec-attention` picks FlashAttention's tiles by
+# it).
+# ```
+#
+# ### Q6 (code) A matmul on the roofline
+#
+# Write the attainable FLOP/s of $C[m, n] = A[m, k] \cdot B[k, n]$ on a device with peak
+# `peak_flop_per_s` and memory bandwidth `bytes_per_s`, for elements of `bytes_per_element` bytes:
+# its arithmetic intensity from the minimum traffic (each operand read once, $C$ written once),
+# then the roof. The hidden cell checks it against `mlsys.accounting.bytes` and `mlsys.roofline`
+# on the {glue:text}`spec_name` in bf16, from a decode step (one token) to a large square matmul.
+
+# %%
+def attainable_flop_per_s(m, n, k, bytes_per_element, peak_flop_per_s, bytes_per_s):
+    """The roofline's attainable FLOP/s of an (m x k) @ (k x n) matmul."""  # <- your code here
+    raise NotImplementedError("the intensity first, then the roof")
+
+
+# %% tags=["hide-cell"]
+# The book's solution (opened on demand). `solved_by` checks the reader's function once it is
+# written, and the book's while it is not.
+def attainable_flop_per_s_solution(m, n, k, bytes_per_element, peak_flop_per_s, bytes_per_s):
+    intensity = 2 * m * n * k / (bytes_per_element * (m * k + k * n + m * n))  # FLOP per byte
+    return min(peak_flop_per_s, intensity * bytes_per_s)
+
+
+SHAPES_Q6 = ((1, 4096, 4096), (64, 4096, 4096), (1024, 4096, 4096), (4096, 4096, 4096))
+roof_q6 = {}
+for shape in SHAPES_Q6:
+    roof_q6[shape], whose = solved_by(attainable_flop_per_s, attainable_flop_per_s_solution,
+                                      *shape, b_spec, h100_peak, h100_bw)
+    expected = spec_roof.attainable_flop_per_s(bytes_moved.matmul_intensity(*shape, SPEC_DTYPE))
+    assert math.isclose(roof_q6[shape], expected, rel_tol=1e-9), shape
+assert roof_q6[SHAPES_Q6[2]] == roof_q6[SHAPES_Q6[3]] == h100_peak > roof_q6[SHAPES_Q6[0]]
+for name, value in {"q7_decode_tflops": roof_q6[SHAPES_Q6[0]] / 1e12,
+                    "q7_decode_pct": 100 * roof_q6[SHAPES_Q6[0]] / h100_peak,
+                    "q7_64_pct": 100 * roof_q6[SHAPES_Q6[1]] / h100_peak}.items():
+    glue(name, value)
+print(f"checked: {whose} solution matches mlsys.roofline on {len(SHAPES_Q6)} shapes")
+
+# %% [markdown]
+# ```{dropdown} Answer
+# $I = 2mnk / (b\,(mk + kn + mn))$, then $\min(P, I\beta)$. With one token against a 4096 × 4096
+# bf16 weight, $I \approx 1$ FLOP/byte: the matmul reaches {glue:text}`q7_decode_tflops:.1f`
+# TFLOP/s, {glue:text}`q7_decode_pct:.2f`% of the peak, because it must read the whole weight for
+# one row of output. With 64 tokens it reaches {glue:text}`q7_64_pct:.0f`%; from a little over the
+# ridge's worth of tokens (Q1) it sits on the compute roof.
 # ```
 #
 # ## Summary

@@ -18,6 +18,8 @@
 # ms. How long do a forward pass, a backward pass and an AdamW step of the book's presets take,
 # where does that time go kernel by kernel, where does the memory go byte by byte, and does each
 # agree with what chapters 02–04 predict?
+#
+# Cheat sheet: {doc}`../book/napkin_onepager`.
 
 # %% tags=["remove-cell"]
 # Colab or a fresh kernel: install the book's library if it is missing (a no-op in the book's own
@@ -38,19 +40,26 @@ if importlib.util.find_spec("mlsys") is None:
             "repository (`pip install -e .` at its root), then restart the kernel.")
     importlib.invalidate_caches()
 
-# %%
+# %% tags=["remove-input"]
 from mlsys import env
 
 print(env.describe())
 
-# %%
+# %% tags=["hide-cell"]
+import statistics
+import time
+
+import matplotlib.pyplot as plt
+import torch
 from IPython.display import display
 
-from mlsys import experiments, hardware, third_party
+from mlsys import bench, experiments, hardware, third_party
 from mlsys.accounting import activations, flops, flops_by_class, memory, recompute
 from mlsys.accounting import bytes as bytes_moved
 from mlsys.accounting.params import count_params
-from mlsys.book import Table, glue, num
+from mlsys.book import Table, glue, num, solved_by
+from mlsys.diagrams import trace
+from mlsys.diagrams.step_memory import draw_step_memory
 from mlsys.experiments import (
     compile_step,
     kit,
@@ -74,7 +83,6 @@ BENCH = env.pick(**step_benchmark.SIZES)
 PROFILE = env.pick(**step_profile.SIZES)
 MEMORY = env.pick(**step_memory.SIZES)
 COMPILE = env.pick(**compile_step.SIZES)
-print(PITFALLS, BENCH, PROFILE, MEMORY, COMPILE, sep="\n")
 
 # %% [markdown]
 # Chapters 03 and 04 priced a step in FLOPs and bytes. This chapter measures one: first how to time
@@ -103,7 +111,7 @@ print(PITFALLS, BENCH, PROFILE, MEMORY, COMPILE, sep="\n")
 # TFLOP/s) unless TF32 is switched on ({glue:text}`a100_tf32:.0f` TFLOP/s, tensor cores). What their
 # forward times imply, at the batch of 4 the assignment uses:
 
-# %%
+# %% tags=["hide-input"]
 adamw_bytes = bytes_moved.adamw_traffic(count_params(TransformerConfig.preset(PRESET)), "fp32")
 assert adamw_bytes.total_bytes == 28 * count_params(TransformerConfig.preset(PRESET))  # 28N
 glue("adamw_b_per_param", 28)
@@ -143,7 +151,7 @@ Table(["preset", "seq", "forward ms (theirs)", "backward / forward", "at fp32 pe
 # `flops_by_class.class_flops` puts `accounting.flops` into the classes a profiler sees. For
 # `small` at batch 4 × 512 tokens, per training step:
 
-# %%
+# %% tags=["hide-input"]
 cfg = TransformerConfig.preset(PRESET)
 class_fl = flops_by_class.class_flops(cfg, BATCH, SEQ, training=True)
 fl_share = profiler.shares(class_fl)
@@ -175,7 +183,7 @@ Table(["class", "training FLOPs (G)", "share"],
 # a `saved_tensors_hooks` counter) for every preset and both attention backends, exactly. One block
 # of `small`, batch 4 × 512, fp32:
 
-# %%
+# %% tags=["hide-input"]
 saved = activations.saved_bytes(cfg, BATCH, SEQ)
 sdpa = activations.saved_bytes(cfg, BATCH, SEQ, attention="sdpa")
 claim = activations.claimed_layer_bytes(BATCH, SEQ, cfg.d_model, cfg.n_heads)
@@ -204,7 +212,7 @@ Table(["saved by", "naive attention (MB)", "sdpa (MB)"],
 # balances the two. The price is usually quoted as "+33%" (one more forward for three); the rerun
 # stops early where nothing more is needed, and the head is not rerun:
 
-# %%
+# %% tags=["hide-input"]
 states = memory.model_state_bytes(count_params(cfg), "fp32_adamw")
 ck_rows = [["none", num(saved.total_bytes / 1e6), num(saved.peak_bytes / 1e6), "0%",
             num((states + saved.peak_bytes) / 1e9)]]
@@ -261,7 +269,8 @@ timing_pitfalls.table(pitfall_rows)
 # %% [markdown]
 # On a CPU every op has finished when its call returns, so synchronizing changes nothing there and
 # there are no device events to compare with; on a GPU an unsynchronized host timer measures the
-# launches, not the kernels (see the recorded runs at the end).
+# launches, not the kernels (see the recorded runs at the end). Exercise Q4 asks you to write the
+# timer yourself.
 #
 # ### Forward, backward and step against their prediction
 #
@@ -271,12 +280,11 @@ timing_pitfalls.table(pitfall_rows)
 
 # %%
 bench_rows = step_benchmark.run(BENCH)
-bench_verdicts = step_benchmark.verdicts(bench_rows)
-for name, text in bench_verdicts.items():
-    glue(f"bench_{name}", text)
 step_benchmark.table(bench_rows)
 
 # %% tags=["remove-input"]
+for name, text in step_benchmark.verdicts(bench_rows).items():
+    glue(f"bench_{name}", text)
 kit.draw(step_benchmark.plot, bench_rows, width=8.0, height=4.0)
 
 # %% [markdown]
@@ -291,11 +299,12 @@ kit.draw(step_benchmark.plot, bench_rows, width=8.0, height=4.0)
 
 # %%
 profile_rows = step_profile.run(PROFILE)
-profile_verdicts = step_profile.verdicts(profile_rows)
-for name, text in profile_verdicts.items():
+step_profile.phase_table(profile_rows)
+
+# %% tags=["hide-input"]
+for name, text in step_profile.verdicts(profile_rows).items():
     glue(f"profile_{name}", text)
 glue("profile_model", f"`{PROFILE.preset}`, batch {PROFILE.batch} × {PROFILE.seq} tokens")
-display(step_profile.phase_table(profile_rows))
 step_profile.class_table(profile_rows)
 
 # %% tags=["remove-input"]
@@ -304,15 +313,11 @@ kit.draw(step_profile.plot, profile_rows, width=9.0, height=3.8)
 # %% [markdown]
 # For {glue:text}`profile_model`: {glue:text}`profile_matmul`. The optimizer runs no matmul at all,
 # so the matmul share of the full step is below that of forward and backward. He's comparison on the
-# book's model: {glue:text}`profile_normalization`. The slowest operations that are not matmuls:
+# book's model: {glue:text}`profile_normalization`. The slowest operations that are not matmuls,
+# and inside attention, op by op at the model's shapes (timed apart, round-robin):
 
-# %%
-step_profile.op_table(profile_rows, top=8, exclude=("matmul",))
-
-# %% [markdown]
-# Inside attention, op by op, at the model's shapes (timed apart, round-robin):
-
-# %%
+# %% tags=["hide-input"]
+display(step_profile.op_table(profile_rows, top=8, exclude=("matmul",)))
 step_profile.core_table(profile_rows)
 
 # %% [markdown]
@@ -320,6 +325,32 @@ step_profile.core_table(profile_rows)
 # reads and writes the whole score matrix for a handful of FLOPs per element. The profiler itself
 # costs time per op: {glue:text}`profile_overhead`; its tables are for shares, plain timing for
 # durations.
+#
+# ### The trace: the host's calls against the device's work
+#
+# The tables sum each op's time over the step; a trace keeps the order. Below, the first
+# {glue:text}`trace_ops` ops of the profiled forward on a time axis. The upper lane is what the
+# model's Python code called, one top-level op after another (`aten::linear`, `aten::mul`, ...).
+# The lower lane is where the arithmetic ran: on a GPU, each kernel on the device, launched
+# asynchronously; on a CPU, which has no device apart from itself, the time each op with a kernel
+# of its own spends in its own body (`aten::addmm`'s matrix product; not `aten::linear`, a wrapper
+# that only calls other ops). The hatched gaps are the time in which nothing computes: Python, the
+# dispatcher, wrappers and, under a profiler, the profiler's bookkeeping. This is the overhead
+# regime of {ref}`sec-bytes` seen directly:
+
+# %% tags=["remove-input"]
+first_forward = step_profile.trace(profile_rows)
+glue("trace_ops", len(first_forward.host))
+glue("trace_sentence", step_profile.trace_sentence(profile_rows))
+trace.draw_trace(first_forward)
+plt.show()
+
+# %% [markdown]
+# In this trace, {glue:text}`trace_sentence`. On a GPU the same picture separates further: the host
+# runs ahead, queueing kernels, and the device idles only where the host falls behind (small
+# kernels, a `.item()` that waits for a result, a Python loop); a step whose device lane is
+# mostly gaps gets faster with fewer, larger kernels (a bigger batch, fusion, `torch.compile`,
+# CUDA graphs), not with faster arithmetic.
 #
 # ### Where the memory goes
 #
@@ -329,19 +360,42 @@ step_profile.core_table(profile_rows)
 
 # %%
 memory_rows = step_memory.run(MEMORY)
-memory_verdicts = step_memory.verdicts(memory_rows)
-for name, text in memory_verdicts.items():
-    glue(f"memory_{name}", text)
 step_memory.peak_table(memory_rows)
 
 # %% tags=["remove-input"]
+for name, text in step_memory.verdicts(memory_rows).items():
+    glue(f"memory_{name}", text)
 kit.draw(step_memory.plot, memory_rows, ncols=2, width=11.0, height=4.0)
 
 # %% [markdown]
 # The counter and the formula agree: {glue:text}`memory_saved`. Against the napkin:
-# {glue:text}`memory_napkin`. Where the peak is, in parts:
+# {glue:text}`memory_napkin`.
+#
+# The same step, every allocation sorted by what it is: the parameters and AdamW's moments,
+# resident throughout; the **activations**, made by the forward and still alive when it ends (what
+# autograd saved), freed one by one as the backward passes them; the **gradients**, made by the
+# backward and alive when it ends, freed by `zero_grad`; and the **temporaries**, everything that
+# lives and dies inside one phase. On the left, measured at {glue:text}`memory_ck_seq` tokens; on
+# the right, predicted on the same phases from the accounting alone: activations growing linearly
+# to `saved_bytes` over the forward, then handing their place to the gradients over the backward.
+# The dashed line is the napkin's 16 B/param + activations:
 
-# %%
+# %% tags=["remove-input"]
+glue("memory_ck_seq", MEMORY.timeline_seq)
+measured_step, predicted_step = step_memory.step_parts(memory_rows)
+napkin_b = step_memory.napkin_bytes(memory_rows, MEMORY.timeline_seq)
+glue("parts_measured_mb", sum(measured_step.peak()[1].values()) / 1e6)
+glue("parts_predicted_mb", sum(predicted_step.peak()[1].values()) / 1e6)
+glue("parts_napkin_mb", napkin_b / 1e6)
+draw_step_memory(measured_step, predicted_step, napkin_bytes=napkin_b,
+                 titles=[f"measured ({env.device_name()})", "predicted (accounting)"])
+plt.show()
+
+# %% [markdown]
+# Peaks: {glue:text}`parts_measured_mb:.3g` MB measured, {glue:text}`parts_predicted_mb:.3g` MB
+# predicted, {glue:text}`parts_napkin_mb:.3g` MB for the napkin. In parts, at the peak:
+
+# %% tags=["hide-input"]
 step_memory.breakdown_table(memory_rows)
 
 # %% [markdown]
@@ -351,8 +405,7 @@ step_memory.breakdown_table(memory_rows)
 # tokens × vocabulary floats; the optimizer's scratch) outgrow the gradients still missing. With
 # checkpointing, at {glue:text}`memory_ck_seq` tokens:
 
-# %%
-glue("memory_ck_seq", MEMORY.timeline_seq)
+# %% tags=["hide-input"]
 step_memory.checkpoint_table(memory_rows)
 
 # %% [markdown]
@@ -364,25 +417,25 @@ step_memory.checkpoint_table(memory_rows)
 # "52.0 GB" of model states, and tabulated batch 4. Their table, their own formula, the exact count
 # and the napkin, with their measured peaks:
 
-# %%
+# %% tags=["hide-input"]
 seed_memory = step_memory.seed_rows()
 at = {r["seq"]: r for r in seed_memory}
-glue("seed_256_claim", at[256]["claimed_forward_gb"])
-glue("seed_256_formula", at[256]["formula_gib"])
-glue("seed_1024_claim", at[1024]["claimed_forward_gb"])
-glue("seed_1024_formula", at[1024]["formula_gib"])
-glue("seed_512_claim", at[512]["claimed_forward_gb"])
-glue("seed_512_gib", at[512]["formula_gib"])
-glue("seed_512_gb", at[512]["formula_gb"])
+for name, value in {"seed_256_claim": at[256]["claimed_forward_gb"],
+                    "seed_256_formula": at[256]["formula_gib"],
+                    "seed_1024_claim": at[1024]["claimed_forward_gb"],
+                    "seed_1024_formula": at[1024]["formula_gib"],
+                    "seed_512_claim": at[512]["claimed_forward_gb"],
+                    "seed_512_gib": at[512]["formula_gib"],
+                    "seed_512_gb": at[512]["formula_gb"]}.items():
+    glue(name, value)
 assert at[512]["claimed_forward_gb"] == round(at[512]["formula_gib"] * 1024 / 1000, 1)
 for seq_bad in (256, 1024):  # the table does not follow the formula
     assert abs(at[seq_bad]["formula_gib"] - at[seq_bad]["claimed_forward_gb"]) > 0.8
 assert all(r["measured_training_gb"] < r["napkin_gb"] for r in seed_memory
            if r["measured_training_gb"])
-glue("seed_states_gb", memory.model_state_bytes(count_params(TransformerConfig.preset("2.7B")),
-                                                "fp32_adamw") / 1e9)
-glue("seed_states_gib", memory.model_state_bytes(count_params(TransformerConfig.preset("2.7B")),
-                                                 "fp32_adamw") / 2**30)
+states_27 = memory.model_state_bytes(count_params(TransformerConfig.preset("2.7B")), "fp32_adamw")
+glue("seed_states_gb", states_27 / 1e9)
+glue("seed_states_gib", states_27 / 2**30)
 Table(["seq", "their table (GB)", "their formula (GiB)", "their formula (GB)", "exact (GB)",
        "their training total (GB)", "16 B/param + exact (GB)", "their measured peak (GB)"],
       [[r["seq"], r["claimed_forward_gb"], num(r["formula_gib"]), num(r["formula_gb"]),
@@ -408,10 +461,11 @@ Table(["seq", "their table (GB)", "their formula (GiB)", "their formula (GB)", "
 
 # %%
 compile_rows = compile_step.run(COMPILE)
-compile_verdicts = compile_step.verdicts(compile_rows)
-glue("compile_speed", compile_verdicts["speed"])
-glue("compile_shapes", compile_verdicts["shapes"])
 compile_step.table(compile_rows)
+
+# %% tags=["remove-cell"]
+for name, text in compile_step.verdicts(compile_rows).items():
+    glue(f"compile_{name}", text)
 
 # %% [markdown]
 # {glue:text}`compile_speed`. Shapes: {glue:text}`compile_shapes`. A mean over calls that include
@@ -422,37 +476,35 @@ compile_step.table(compile_rows)
 #
 # `python -m mlsys.experiments` runs the five experiments of this chapter in GPU sizes (every preset
 # from `small` to `2.7B` at 128 to 1,024 tokens, out-of-memory rows kept; the 2.7B memory sweep of
-# the seed) and records them under `results/`. Every record present, through the same functions:
+# the seed) and records them under `results/`. Every record present is shown below through the
+# same functions as the live run. {glue:text}`missing_records`
 
-# %%
-shown = {"timing_pitfalls": None, "step_benchmark": None,  # None: the module's `table`
-         "step_profile": [step_profile.phase_table, step_profile.class_table,
-                          step_profile.core_table],
-         "step_memory": [step_memory.peak_table, step_memory.breakdown_table,
-                         step_memory.checkpoint_table], "compile_step": None}
-for name, tables in shown.items():
-    experiments.show_recorded(name, tables=tables)
+# %% tags=["remove-input"]
+missing = glue("missing_records", experiments.show_records(
+    ("timing_pitfalls", "step_benchmark", "step_profile", "step_memory", "compile_step"),
+    **step_benchmark.record_views()))
 
 # %% [markdown]
 # ```{admonition} Takeaway
 # :class: tip
 # Time a step with warm-up, synchronization and the median of many samples, against ceilings
 # measured alongside. Doubling the tokens shows whether a model is overhead-bound
-# ({glue:text}`bench_overhead`). In a profile, time shares and FLOP shares part ways: matmuls are
-# {glue:text}`matmul_flop_pct:.1f`% of the FLOPs, and {glue:text}`profile_normalization`. The peak
-# memory is 16 B/param plus what the forward saves, minus what the backward has freed:
-# {glue:text}`memory_napkin`.
+# ({glue:text}`bench_overhead`), and a trace shows it directly, as gaps between kernels. In a
+# profile, time shares and FLOP shares part ways: matmuls are {glue:text}`matmul_flop_pct:.1f`% of
+# the FLOPs, and {glue:text}`profile_normalization`. The peak memory is 16 B/param plus what the
+# forward saves, minus what the backward has freed: {glue:text}`memory_napkin`.
 # ```
 #
 # ## Exercises
 #
-# ### Q1 [Does the 2.7B model train on one H100?]
+# ### Q1 (multi-step) Does the 2.7B model train on one H100?
 #
 # The 2.7B preset, fp32 AdamW, batch 4 × 1,024 tokens, SDPA attention. (a) How many bytes do the
-# model states and the saved activations take? (b) Does it fit in an H100's
+# model states and the saved activations take? (b) With (a)'s bytes, does it fit in an H100's
 # {glue:text}`q1_device_gb:.0f` GB? (c) With every block checkpointed, what is the most that is
-# saved at once, and what share of the step's matmul FLOPs is recomputed? (d) At the seed's achieved
-# forward rate for 2.7B at 512 tokens, roughly how much longer is the step?
+# saved at once, does it fit now, and what share of the step's matmul FLOPs is recomputed? (d) At
+# the seed's achieved forward rate for 2.7B at 512 tokens, how long do the step's matmuls take, and
+# how much longer does (c)'s recomputation make it?
 
 # %% tags=["hide-cell"]
 big = TransformerConfig.preset("2.7B", attention="sdpa")
@@ -461,26 +513,35 @@ q1_plain = activations.saved_bytes(big, 4, 1024)
 q1_ck = activations.saved_bytes(big, 4, 1024, checkpoint_segment=1)
 q1_share = recompute.recompute_overhead(big, 4, 1024, checkpoint_segment=1)
 device_bytes = SPEC.hbm_bytes
-assert q1_states + q1_plain.total_bytes > device_bytes  # does not fit as it is
-assert device_bytes > q1_states + q1_ck.peak_bytes  # fits with every block checkpointed
-glue("q1_device_gb", device_bytes / 1e9)
+assert q1_states + q1_plain.total_bytes > device_bytes  # (b) does not fit as it is
+assert device_bytes > q1_states + q1_ck.peak_bytes  # (c) fits with every block checkpointed
 q1_rate = by_key[("2.7B", 512)]["achieved_flop_per_s"]
-q1_step = 3 * flops.transformer_flops(big, 4, 1024).forward_matmul_flops / q1_rate
-for name, value in {"q1_states": q1_states / 1e9, "q1_plain": q1_plain.total_bytes / 1e9,
-                    "q1_ck": q1_ck.peak_bytes / 1e9, "q1_share": 100 * q1_share,
-                    "q1_step": q1_step, "q1_extra": q1_step * q1_share}.items():
+q1_fwd = flops.transformer_flops(big, 4, 1024).forward_matmul_flops
+q1_step = 3 * q1_fwd / q1_rate
+for name, value in {"q1_device_gb": device_bytes / 1e9, "q1_states": q1_states / 1e9,
+                    "q1_plain": q1_plain.total_bytes / 1e9, "q1_ck": q1_ck.peak_bytes / 1e9,
+                    "q1_sum": (q1_states + q1_plain.total_bytes) / 1e9,
+                    "q1_ck_sum": (q1_states + q1_ck.peak_bytes) / 1e9,
+                    "q1_share": 100 * q1_share, "q1_fwd_tf": q1_fwd / 1e12,
+                    "q1_rate": q1_rate / 1e12, "q1_step": q1_step,
+                    "q1_extra": q1_step * q1_share}.items():
     glue(name, value)
 
 # %% [markdown]
 # ```{dropdown} Answer
-# (a) States {glue:text}`q1_states:.1f` GB; saved activations {glue:text}`q1_plain:.1f` GB
-# (`saved_bytes`). (b) No: together they pass {glue:text}`q1_device_gb:.0f` GB before any temporary.
-# (c) At most {glue:text}`q1_ck:.1f` GB saved at once (the segment inputs plus one block rerun), for
-# {glue:text}`q1_share:.1f`% more matmul FLOPs. (d) At their achieved rate a step's matmuls take
-# about {glue:text}`q1_step:.1f` s; the rerun adds about {glue:text}`q1_extra:.2f` s.
+# (a) Model states: 16 B/param × the parameter count = {glue:text}`q1_states:.1f` GB; saved
+# activations (`saved_bytes`, batch 4 × 1,024): {glue:text}`q1_plain:.1f` GB.
+# (b) No: their sum, {glue:text}`q1_sum:.1f` GB, passes {glue:text}`q1_device_gb:.0f` GB before
+# any temporary.
+# (c) Checkpointing keeps each block's input and reruns one block at a time: at most
+# {glue:text}`q1_ck:.1f` GB saved at once, so states + saved = {glue:text}`q1_ck_sum:.1f` GB, which
+# fits; the rerun costs {glue:text}`q1_share:.1f`% more matmul FLOPs.
+# (d) The forward's matmuls are {glue:text}`q1_fwd_tf:.1f` TFLOP; at their
+# {glue:text}`q1_rate:.1f` TFLOP/s, forward + backward (3×) take about {glue:text}`q1_step:.1f` s,
+# and the rerun adds {glue:text}`q1_share:.1f`% of that: about {glue:text}`q1_extra:.2f` s.
 # ```
 #
-# ### Q2 [Find the error]
+# ### Q2 (find the error) Compiling slows the step down?
 #
 # The seed's `torch.compile` table for the 2.7B preset at 128 tokens gives a full step of
 # {glue:text}`q2_compiled:.3f` ± {glue:text}`q2_compiled_std:.3f` s compiled and
@@ -517,7 +578,7 @@ for name, value in {"q2_compiled": q2_step.compiled_s, "q2_compiled_std": q2_ste
 # the median with p20–p80, as `compile_step` does, and count the recompilations.
 # ```
 #
-# ### Q3 [The first tensor of the backward]
+# ### Q3 The first tensor of the backward
 #
 # The first thing the backward makes is the gradient of the loss with respect to the logits. How
 # large is it for the `laptop` preset at 4 × 128 tokens, against the activations saved by then, and
@@ -528,21 +589,80 @@ lap = TransformerConfig.preset("laptop")
 logits_grad = 4 * 128 * lap.vocab_size * 4  # d(loss)/d(logits), fp32
 q3_saved = activations.saved_bytes(lap, 4, 128)
 assert logits_grad < q3_saved.total_bytes  # smaller than the saved activations, on top of them
-glue("q3_mb", logits_grad / 1e6)
-glue("q3_saved_mb", q3_saved.total_bytes / 1e6)
 big_vocab_grad = 4 * 128 * 128_256 * 4  # the same batch with a Llama-3-sized vocabulary
 assert big_vocab_grad > q3_saved.blocks_bytes  # more than every block saves
-glue("q3_big_mb", big_vocab_grad / 1e6)
-glue("q3_blocks_mb", q3_saved.blocks_bytes / 1e6)
+for name, value in {"q3_mb": logits_grad / 1e6, "q3_saved_mb": q3_saved.total_bytes / 1e6,
+                    "q3_vocab": lap.vocab_size, "q3_big_mb": big_vocab_grad / 1e6,
+                    "q3_blocks_mb": q3_saved.blocks_bytes / 1e6}.items():
+    glue(name, value)
 
 # %% [markdown]
 # ```{dropdown} Answer
-# Batch × tokens × vocabulary fp32 values: {glue:text}`q3_mb:.1f` MB, made while the
-# {glue:text}`q3_saved_mb:.1f` MB the forward saved are still alive (the backward frees each saved
-# tensor only once its own gradient is done). It grows with the vocabulary, not with the model's
-# width: with a vocabulary of 128,256 it would be {glue:text}`q3_big_mb:.0f` MB, more than the
-# {glue:text}`q3_blocks_mb:.0f` MB all the blocks save, which is why fused and chunked cross-entropy
-# kernels exist.
+# Batch × tokens × vocabulary fp32 values: 4 × 128 × {glue:text}`q3_vocab` × 4 bytes =
+# {glue:text}`q3_mb:.1f` MB, made while the {glue:text}`q3_saved_mb:.1f` MB the forward saved are
+# still alive (the backward frees each saved tensor only once its own gradient is done). It grows
+# with the vocabulary, not with the model's width: with a vocabulary of 128,256 it would be
+# {glue:text}`q3_big_mb:.0f` MB, more than the {glue:text}`q3_blocks_mb:.0f` MB all the blocks
+# save, which is why fused and chunked cross-entropy kernels exist.
+# ```
+#
+# ### Q4 (code) A timer you can trust
+#
+# Write `time_it`: `warmup` untimed calls of `fn`, then `repeats` calls each timed alone with
+# `clock` (the device synchronized before and after each, on a GPU), and the **median** of those
+# samples. It is checked on a simulated kernel whose clock is exact
+# (`timing_pitfalls.SimulatedKernel`): its first five calls are cold (20 ms), then each call takes
+# 1 ms, except one 40 ms outlier. Your answer must equal `bench.benchmark`'s median on the same
+# kernel, with 5 warm-up calls and 7 repeats. What would a timer without warm-up report, and one
+# that takes the mean?
+
+# %%
+def time_it(fn, *, warmup, repeats, device, clock=time.perf_counter):  # <- your code here
+    """Median seconds per call of `fn()` after `warmup` untimed calls, over `repeats` calls."""
+    raise NotImplementedError("write the timer")
+
+
+# %% tags=["hide-cell"]
+# The book's solution (opened on demand). `solved_by` checks the reader's function once it is
+# written, and the book's while it is not.
+def time_it_solution(fn, *, warmup, repeats, device, clock=time.perf_counter):
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = clock()
+        fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        samples.append(clock() - start)
+    return statistics.median(samples)
+
+
+costs = timing_pitfalls.SIMULATED_COSTS_S
+kernel = timing_pitfalls.SimulatedKernel(costs)
+q4, whose = solved_by(time_it, time_it_solution, kernel, warmup=5, repeats=7, device="cpu",
+                      clock=kernel.clock)
+kernel = timing_pitfalls.SimulatedKernel(costs)
+reference = bench.benchmark(kernel, warmup=5, repeats=7, device="cpu", clock=kernel.clock)
+assert q4 == reference.median_s and abs(q4 - 1e-3) < 1e-12, (q4, reference.median_s)
+q4_mean = glue("q4_mean_ms", statistics.fmean(reference.samples_s) * 1e3)  # warm, but the mean
+kernel = timing_pitfalls.SimulatedKernel(costs)  # a fresh one, timed without warm-up
+cold = bench.benchmark(kernel, warmup=0, repeats=7, device="cpu", clock=kernel.clock)
+q4_cold = glue("q4_cold_ms", cold.median_s * 1e3)
+assert abs(q4_cold - 20) < 1e-9 and q4_mean > 6 * q4 * 1e3
+print(f"checked: {whose} timer gives {q4 * 1e3:.3g} ms, as bench.benchmark does")
+
+# %% [markdown]
+# ```{dropdown} Answer
+# Warm-up first (the cold calls are not the steady state), then time each call on its own,
+# synchronizing on a GPU so that the clock sees the kernel and not its launch, and take the median,
+# which one outlier cannot move: 1 ms, as `bench.benchmark` says. Without warm-up the first seven
+# calls are five cold ones and two warm ones: their median is {glue:text}`q4_cold_ms:.0f` ms. With
+# warm-up but the mean, the 40 ms outlier lifts seven samples to {glue:text}`q4_mean_ms:.2f` ms.
+# The book's solution is in the hidden cell above; `bench.benchmark` adds CUDA events, a minimum
+# total time and a cache flush.
 # ```
 #
 # ## Summary
@@ -553,6 +673,7 @@ glue("q3_blocks_mb", q3_saved.blocks_bytes / 1e6)
 #   {glue:text}`seed_small_over:.1f` times its time at the fp32 peak at 128 tokens (the overhead
 #   regime), and its backward cost less than twice its forward.
 # - An fp32 run on an A100 reaches the fp32 CUDA-core peak at best, not TF32's.
+# - A trace shows the overhead regime as gaps between kernels: the host's calls set the pace.
 # - Matmuls are almost all the FLOPs; memory-bound ops such as normalization take a share of the
 #   time out of proportion to theirs (He; here: {glue:text}`profile_normalization`). One attention
 #   matmul has $2d_\text{head}/5$ times the softmax's FLOPs.

@@ -17,6 +17,8 @@
 # {glue:text}`q_before_gb:.2f` GB for its backward and peaks at {glue:text}`q_peak_gb:.2f` GB inside
 # it. Where do those bytes come from, and how does a tiled kernel (FlashAttention-2) compute exactly
 # the same result and gradients while never storing the $n \times n$ matrices?
+#
+# Cheat sheet: {doc}`../book/attention_onepager`.
 
 # %% tags=["remove-cell"]
 # Colab or a fresh kernel: install the book's library if it is missing (a no-op in the book's own
@@ -37,25 +39,28 @@ if importlib.util.find_spec("mlsys") is None:
             "repository (`pip install -e .` at its root), then restart the kernel.")
     importlib.invalidate_caches()
 
-# %%
+# %% tags=["remove-input"]
 from mlsys import env
 
 print(env.describe())
 
-# %%
+# %% tags=["remove-cell"]
 import math
 
+import matplotlib.pyplot as plt
 import torch
 
 from mlsys import experiments, hardware, roofline, tables
 from mlsys.accounting import attention as attention_cost
 from mlsys.accounting import attention_traffic, flops, tiles
 from mlsys.accounting.params import param_counts
-from mlsys.book import Table, glue
+from mlsys.book import Table, glue, solved_by
+from mlsys.diagrams import tiling
 from mlsys.experiments import attention_model_step, attention_sweep, flash_benchmark, kit, pages
 from mlsys.experiments import attention_sweep_seed as sweep_seed
 from mlsys.experiments.attention_checks import flash_torch_table, flash_triton_table
-from mlsys.kernels import aot, compile_predictions, compile_report, compile_tables
+from mlsys.kernels import _triton, aot, compile_predictions, compile_report, compile_tables
+from mlsys.kernels.flash_tiles import TILES as FLASH_TILES
 from mlsys.models.config import TransformerConfig
 from mlsys.ops.attention import attention
 
@@ -67,6 +72,9 @@ PRESET, BATCH, SEQ = "small", 4, 1_024
 SPEC = hardware.H100_SXM
 SWEEP_BATCH = 8  # the seed's sweep: batch 8, one head, fp32
 TILE = 128  # query and key tile of the tiling examples
+FLASH_TILE = FLASH_TILES["fwd"][-1]  # (query rows held, key rows streamed): a forward tile
+# The diagrams: the tiling's length and head dim, the causal map's length, one row of scores
+DRAW_SEQ, DRAW_D, MAP_SEQ, ROW_KEYS, ROW_BLOCK = 512, 64, 1_024, 64, 8  # and its key blocks
 # Checks (run live): irregular shapes, (n_q, n_k, d) with n_q != n_k among them
 SHAPES = ((1, 1, 16), (37, 37, 32), (29, 61, 16), (61, 29, 32), (100, 100, 64))
 # The Triton kernels: the interpreter computes fp16 (not bf16) right; a GPU runs the book's dtypes
@@ -79,7 +87,6 @@ TRITON_DTYPES = env.pick(smoke=(torch.float32, torch.float16), cpu=(torch.float3
 SWEEP = env.pick(**attention_sweep.SIZES)
 BENCH = env.pick(**flash_benchmark.SIZES)
 STEP = env.pick(**attention_model_step.SIZES)
-print(SWEEP, BENCH, STEP, sep="\n")
 
 # %% [markdown]
 # Attention computes, for each query, a softmax-weighted average of the values, the weights coming
@@ -99,7 +106,7 @@ print(SWEEP, BENCH, STEP, sep="\n")
 # concatenated heads back with a fourth $D \times D$ matrix. For `small` at {glue:text}`blk_tokens`
 # tokens per sequence, per layer and batch of {glue:text}`blk_batch`:
 
-# %%
+# %% tags=["hide-input"]
 cfg = TransformerConfig.preset(PRESET)
 layer = flops.transformer_flops(cfg, BATCH, SEQ).layer
 projections = layer.q_proj + layer.k_proj + layer.v_proj + layer.o_proj
@@ -139,17 +146,17 @@ Table(*tables.attention_block_table(TransformerConfig.preset(PRESET, context_len
 # :pyobject: NaiveMemory
 # ```
 
-# %%
+# %% tags=["hide-input"]
 q_mem = attention_cost.naive_memory(1, 1, Q_SEQ, Q_SEQ, Q_D, "fp32")
 for name, value in {"q_seq": Q_SEQ, "q_io_mb": 4 * Q_SEQ * Q_D * 4 / 1e6,  # q, k, v, O
                     "q_before_gb": q_mem.before_backward_bytes / 1e9,
                     "q_peak_gb": q_mem.backward_peak_bytes / 1e9, "tile": TILE}.items():
     glue(name, value)
 seed = sweep_seed.seed_numbers(SWEEP_BATCH)  # at 16,384 tokens, d = 16
-our_extra = (q_mem.backward_peak_bytes - q_mem.before_backward_bytes) / q_mem.matrix_bytes
+our_extra = glue("our_extra", (q_mem.backward_peak_bytes - q_mem.before_backward_bytes)
+                 / q_mem.matrix_bytes)
 assert abs(seed["bytes_per_pair"] - seed["per_pair"]) < 1  # settles near 32: P, batch x fp32
 assert round(seed["their_extra"] - our_extra) == 1  # one n x n matrix more than the book's code
-glue("our_extra", our_extra)
 for name in ("per_pair", "their_extra", "seed_peak_gb", "seed_peak_2x_gb", "their_comp_extra"):
     glue(name, seed[name])
 sweep_seed.seed_table(SWEEP_BATCH)
@@ -166,7 +173,7 @@ sweep_seed.seed_table(SWEEP_BATCH)
 # $dS$ at once. Where does the peak stop fitting? Batch 8, fp32, one head, the eager peak against
 # each device's memory:
 
-# %%
+# %% tags=["hide-input"]
 sweep_seed.fits_table(SWEEP_BATCH)
 
 # %% [markdown]
@@ -204,12 +211,32 @@ for start in range(0, 1_000, 128):  # one block of keys at a time
     m = m_new
 online = acc / ell
 exact = torch.softmax(scores, dim=1) @ values
-err_online = (online - exact).abs().max().item()
+err_online = glue("err_online", (online - exact).abs().max().item())
 assert err_online < 1e-12 and torch.allclose(m + torch.log(ell), torch.logsumexp(scores, 1, True))
-glue("err_online", err_online)
 
 # %% [markdown]
 # Block by block, the result equals the two-pass softmax to {glue:text}`err_online:.1e` in float64.
+# The same recurrence drawn for one row of random unit-normal scores
+# (`tiling.online_softmax_steps`):
+
+# %% tags=["remove-input"]
+row = torch.randn(ROW_KEYS, generator=torch.Generator().manual_seed(SEED), dtype=torch.float64)
+steps = tiling.online_softmax_steps(row, block_k=ROW_BLOCK)
+assert math.isclose(steps[-1].m_new + math.log(steps[-1].l_new), torch.logsumexp(row, 0).item())
+for name, value in {"row_grew": sum(st.rescale < 1 for st in steps[1:]), "row_m": steps[-1].m_new,
+                    "row_least": min(st.rescale for st in steps), "row_l": steps[-1].l_new}.items():
+    glue(name, value)
+tiling.draw_online_softmax(row, block_k=ROW_BLOCK)
+plt.show()
+
+# %% [markdown]
+# The running max $m$ (top) grew {glue:text}`row_grew` times after the first block. Each time, the
+# sum so far (bottom, black mark) was multiplied by $e^{m_\text{old} - m_\text{new}}$, the factor
+# written above the block, as low as {glue:text}`row_least:.2f`, before the block's own terms were
+# added; where the max held, the factor is 1 and the sum only grows. At the end $m$ =
+# {glue:text}`row_m:.3f` and $\ell$ = {glue:text}`row_l:.3f`: $m + \log \ell$ is the row's
+# log-sum-exp, exactly as the two-pass softmax computes it.
+#
 # Merging partial results computed on disjoint key sets uses only their outputs and log-sum-exps: $L
 # = \log(e^{L_1} + e^{L_2})$, $O = e^{L_1 - L}O_1 + e^{L_2 - L}O_2$:
 
@@ -222,8 +249,7 @@ l_all = torch.logaddexp(l_1, l_2)
 merged = torch.exp(l_1 - l_all)[..., None] * o_1 + torch.exp(l_2 - l_all)[..., None] * o_2
 o_ref, l_ref = attention(q_m, k_m, v_m, return_lse=True)
 err_merge = max((merged - o_ref).abs().max().item(), (l_all - l_ref).abs().max().item())
-assert err_merge < 1e-12
-glue("err_merge", err_merge)
+assert glue("err_merge", err_merge) < 1e-12
 
 # %% [markdown]
 # Merged: equal to attention over all 70 keys to {glue:text}`err_merge:.1e`.
@@ -245,7 +271,7 @@ glue("err_merge", err_merge)
 # \times n$ matrix either. `FlashAttentionTorch` saves exactly $q, k, v, O, L$. Against the float64
 # reference on irregular shapes, causal (bottom-right when $n_q \ne n_k$), forward and backward:
 
-# %%
+# %% tags=["hide-input"]
 flash_torch_table(SHAPES, g)  # each error asserted below its bound
 
 # %% [markdown]
@@ -254,7 +280,22 @@ flash_torch_table(SHAPES, g)  # each error asserted below its bound
 # `mlsys.kernels.flash_attention` runs the same algorithm on a GPU, one program per query tile and
 # (batch, head): $Q$'s tile stays in registers, $K$ and $V$ stream through in tiles, the running max
 # and sum stay in fp32. For a causal mask the loop over key tiles stops at the diagonal, so tiles
-# entirely above it are never loaded, and only the tile crossing it is masked:
+# entirely above it are never loaded, and only the tile crossing it is masked. One program, causal,
+# with one of the forward's tiles on a GPU (`flash_tiles.TILES`): {glue:text}`tile_q` query rows
+# held, {glue:text}`tile_k` key rows streamed:
+
+# %% tags=["remove-input"]
+tiling.draw_flash_tiling(DRAW_SEQ, DRAW_SEQ, DRAW_D, block_q=FLASH_TILE[0],
+                         block_k=FLASH_TILE[1], causal=True)
+plt.show()
+
+# %% [markdown]
+# The program loads its block of $Q$ once and keeps it, then streams the tiles of $K$ and $V$
+# through in order, each used for one score tile $S = QK^\top$ and one update of $m$, $\ell$ and
+# the output accumulator; the tiles past its diagonal are never loaded. It writes its block of $O$
+# (and of $L$) once, at the end. The other query blocks are other programs, run at the same time
+# on other SMs, each reading the same $K$ and $V$ again: that is the $2\,n\,d\,\lceil n/b_q \rceil$
+# term of the tiled kernel's traffic. The kernel:
 #
 # ```{literalinclude} ../lib/mlsys/kernels/flash_attention.py
 # :pyobject: _flash_fwd_kernel
@@ -268,9 +309,7 @@ flash_torch_table(SHAPES, g)  # each error asserted below its bound
 # separate $dQ$ kernel instead (7 matmuls, no atomics, bit-for-bit reproducible gradients). Without
 # a GPU the kernels run in Triton's interpreter, slowly but exactly:
 
-# %%
-from mlsys.kernels import _triton  # noqa: E402 (imports Triton: set up for this machine first)
-
+# %% tags=["hide-input"]
 glue("triton_mode", "interpreted on the CPU" if _triton.INTERPRETED else "compiled on the GPU"
      if _triton.HAS_TRITON else "not run: Triton is not installed (Linux only)")
 flash_triton_table(TRITON_SHAPES, TRITON_DTYPES, g, "cuda" if env.device() == "cuda" else "cpu")
@@ -280,7 +319,7 @@ flash_triton_table(TRITON_SHAPES, TRITON_DTYPES, g, "cuda" if env.device() == "c
 # over 200 random irregular shapes. How much of the $n \times n$ work does causal tile skipping
 # save, and what does the backward pay for not storing $P$? With tiles of {glue:text}`tile`:
 
-# %%
+# %% tags=["hide-input"]
 n_big, d_big = Q_SEQ, 128
 dense, exact_pairs = (attention_cost.score_pairs(n_big, n_big, causal=c) for c in (False, True))
 tiled_pairs = attention_cost.tiled_score_pairs(n_big, n_big, block_q=TILE, block_k=TILE,
@@ -291,20 +330,39 @@ extra = {s_: attention_cost.attention_backward_flops(1, 1, n_big, n_big, d_big, 
                                                      strategy=s_) / fwd
          for s_ in attention_cost.BACKWARD_MATMULS}
 assert exact_pairs < tiled_pairs < 0.51 * dense
-for name, value in {"tiled_share": 100 * tiled_pairs / dense,
+for name, value in {"tiled_share": 100 * tiled_pairs / dense, "big_seq": f"{n_big:,}",
                     "exact_share": 100 * exact_pairs / dense, "p_mb": p_bytes / 1e6,
-                    "bwd_stored": extra["stored_p"], "bwd_atomic": extra["atomic_dq"],
-                    "bwd_separate": extra["separate_dq"], "big_seq": f"{n_big:,}"}.items():
+                    **{f"bwd_{s_}": ratio for s_, ratio in extra.items()}}.items():  # per strategy
     glue(name, value)
 
 # %% [markdown]
 # At {glue:text}`big_seq` tokens the causal kernel computes {glue:text}`tiled_share:.2f`% of the
 # dense pairs (the exact triangle is {glue:text}`exact_share:.2f`%; the diagonal tiles are computed
 # whole). Keeping $P$ would cost {glue:text}`p_mb:,.0f` MB per head in bf16, read back in the
-# backward; recomputing it costs matmuls instead: the backward does {glue:text}`bwd_stored:.1f`×
-# the forward's FLOPs with $P$ stored, {glue:text}`bwd_atomic:.1f`× with atomics and
-# {glue:text}`bwd_separate:.1f`× with the book's separate $dQ$ kernel. FLOPs are cheap next to
+# backward; recomputing it costs matmuls instead: the backward does {glue:text}`bwd_stored_p:.1f`×
+# the forward's FLOPs with $P$ stored, {glue:text}`bwd_atomic_dq:.1f`× with atomics and
+# {glue:text}`bwd_separate_dq:.1f`× with the book's separate $dQ$ kernel. FLOPs are cheap next to
 # $n^2$ bytes: the recomputation is what makes the backward fit and what makes it fast.
+#
+# Which tiles are those? The map of a causal kernel's tiles at {glue:text}`map_seq` tokens, with
+# the forward's {glue:text}`tile_q` × {glue:text}`tile_k` tiles drawn above, sorted by the kernel's
+# own loop bound and mask (`tiling.causal_tiles`):
+
+# %% tags=["remove-input"]
+kinds = tiling.causal_tiles(MAP_SEQ, MAP_SEQ, block_q=FLASH_TILE[0], block_k=FLASH_TILE[1])
+for name, value in {"map_seq": f"{MAP_SEQ:,}", "map_tiles": sum(map(len, kinds.values())),
+                    "tile_q": FLASH_TILE[0], "tile_k": FLASH_TILE[1],  # the tiling's, too
+                    **{f"map_{k}": len(found) for k, found in kinds.items()}}.items():
+    glue(name, value)
+tiling.draw_causal_tiles(MAP_SEQ, MAP_SEQ, block_q=FLASH_TILE[0], block_k=FLASH_TILE[1])
+plt.show()
+
+# %% [markdown]
+# Of the {glue:text}`map_tiles` tiles, {glue:text}`map_skipped` lie past the loop bound and are
+# never loaded, {glue:text}`map_full` are computed with no mask, and {glue:text}`map_diagonal`
+# cross the diagonal: computed whole, then masked, which
+# is where the tiled kernel does more work than the exact triangle. Smaller tiles follow the
+# diagonal more closely but reload $K$ and $V$ more often.
 #
 # ### What the compiler made of it
 #
@@ -333,7 +391,7 @@ compile_tables.flash_table(report, "sm_90", dtype="bf16", head_dim=128, causal=T
 # {glue:text}`more_regs` tiles need more registers than on the H100, since `mma.sync` keeps both
 # operands in registers where `wgmma` reads them from shared memory.
 
-# %% tags=["hide-output"]
+# %% tags=["hide-cell"]
 more, both = compile_tables.more_registers(report, "sm_80", "sm_90", dtype="bf16", head_dim=128,
                                            causal=True)
 glue("more_regs", f"{more} of {both}")
@@ -362,11 +420,10 @@ assert smem.exact + smem.plus_p_tile == smem.total and regs.below_floor == 0
 assert regs.must_spill_and_spilled == regs.must_spill
 dkdv = tiles.flash_register_floor("dkdv", 64, 128, 128, 4)
 for name, value in {"smem_exact": f"{smem.exact:,}", "smem_total": f"{smem.total:,}",
-                    "smem_plus": smem.plus_p_tile,
                     "smem_fp32": f"{smem.fp32_ratio[0]:.0%} to {smem.fp32_ratio[1]:.0%}",
                     "regs_must": regs.must_spill, "regs_early": regs.spilled - regs.must_spill,
-                    "regs_low": f"{regs.smallest_spilling_floor:.0%}",
-                    "dkdv_acc": dkdv.parts["accumulators"], "regs_cap": dkdv.limit}.items():
+                    "regs_low": f"{regs.smallest_spilling_floor:.0%}", "regs_cap": dkdv.limit,
+                    "dkdv_acc": dkdv.parts["accumulators"], "smem_plus": smem.plus_p_tile}.items():
     glue(name, value)
 compile_tables.removal_table(report)
 
@@ -430,12 +487,12 @@ compile_predictions.flash_predictions(report, "sm_90", problems, heads=GPU_BENCH
 
 # %%
 sweep_rows = attention_sweep.run(SWEEP)
-glue("sweep_batch", SWEEP.batch)
-for key, text in attention_sweep.verdicts(sweep_rows).items():  # memory, compiled
-    glue(f"sweep_{key}", text)
 attention_sweep.table(sweep_rows)
 
 # %% tags=["remove-input"]
+glue("sweep_batch", SWEEP.batch)
+for key, text in attention_sweep.verdicts(sweep_rows).items():  # memory, compiled
+    glue(f"sweep_{key}", text)
 kit.draw(attention_sweep.plot, sweep_rows, ncols=2, width=11.0, height=4.0)
 
 # %% [markdown]
@@ -454,9 +511,13 @@ kit.draw(attention_sweep.plot, sweep_rows, ncols=2, width=11.0, height=4.0)
 
 # %%
 bench_rows = flash_benchmark.run(BENCH)
+flash_benchmark.table(bench_rows)
+
+# %% tags=["remove-input"]
 for key, text in flash_benchmark.verdicts(bench_rows).items():  # speed, memory
     glue(f"bench_{key}", text)
-flash_benchmark.table(bench_rows)
+kit.draw(flash_benchmark.plot, bench_rows, width=8.0, height=4.0,  # the first configuration
+         **dict(zip(("dtype", "causal", "d_head"), BENCH.combos[0], strict=True)))
 
 # %% [markdown]
 # On this machine: {glue:text}`bench_speed`; {glue:text}`bench_memory`. On a CPU the pure-PyTorch
@@ -468,9 +529,11 @@ flash_benchmark.table(bench_rows)
 
 # %%
 step_rows = attention_model_step.run(STEP)
+attention_model_step.table(step_rows)
+
+# %% tags=["remove-cell"]
 for key, text in attention_model_step.verdicts(step_rows).items():  # memory, time
     glue(f"step_{key}", text)
-attention_model_step.table(step_rows)
 
 # %% [markdown]
 # Memory: {glue:text}`step_memory`. Time: {glue:text}`step_time`. The saved bytes equal
@@ -484,12 +547,12 @@ attention_model_step.table(step_rows)
 # (naive stops where it runs out of memory), and the `small` model with each backend. The issue's
 # targets, read from the record: at bf16, causal, d = 128 and 16,384 tokens on one H100, the forward
 # at least as fast as the best SDPA backend and at least half the dense peak, forward + backward at
-# least 0.9× the best SDPA backend.
+# least 0.9× the best SDPA backend. {glue:text}`missing_records`
 
-# %%
-experiments.show_recorded("attention_sweep")
-experiments.show_recorded("flash_benchmark", show=pages.show_flash_benchmark)
-experiments.show_recorded("attention_model_step")
+# %% tags=["remove-input"]
+missing = glue("missing_records", experiments.show_records(
+    ("attention_sweep", "flash_benchmark", "attention_model_step"),
+    shows={"flash_benchmark": pages.show_flash_benchmark}))
 
 # %% [markdown]
 # ```{admonition} Takeaway
@@ -503,37 +566,35 @@ experiments.show_recorded("attention_model_step")
 #
 # ## Exercises
 #
-# ### Q1 [32k tokens, one layer]
+# ### Q1 (multi-step) 32k tokens, one layer
 #
 # One layer of attention, batch 1, 32 heads of 128, bf16, causal, 32,768 tokens. (a) What does naive
 # attention keep for the backward, and what does a FlashAttention backend keep? (b) How many bytes
 # does each move in the forward (tiles of 128)? (c) On an H100, what lower bound on the forward's
-# time does each give, and which is memory-bound?
+# time do those bytes and the FLOPs give each, and which is memory-bound? (d) By how much is the
+# tiled kernel's bound below naive's?
 
 # %% tags=["hide-cell"]
 heads_1, d_1, n_1 = 32, 128, 32_768
-naive_keep, flash_keep = (attention_cost.attention_saved_bytes(
-    1, heads_1, n_1, n_1, d_1, "bf16", backend=b_) for b_ in ("naive", "flash_triton"))
-naive_io = attention_traffic.naive_attention_forward_traffic(1, heads_1, n_1, n_1, d_1, "bf16",
-                                                             causal=True)
-flash_io = attention_traffic.flash_forward_traffic(1, heads_1, n_1, n_1, d_1, "bf16", block_q=128,
-                                                   block_k=128, causal=True)
-roof_1 = roofline.Ceilings.from_spec(SPEC, "bf16")
+shape_1 = (1, heads_1, n_1, n_1, d_1)  # batch, heads, queries, keys, head dim
+naive_keep, flash_keep = (attention_cost.attention_saved_bytes(*shape_1, "bf16", backend=b_)
+                          for b_ in ("naive", "flash_triton"))
+naive_io = attention_traffic.naive_attention_forward_traffic(*shape_1, "bf16", causal=True)
+flash_io = attention_traffic.flash_forward_traffic(*shape_1, "bf16", block_q=128, block_k=128,
+                                                   causal=True)
 naive_t, flash_t = (roofline.estimate(attention_cost.attention_forward_flops(
-    1, heads_1, n_1, n_1, d_1, causal=causal), io.total_bytes, roof_1)
+    *shape_1, causal=causal), io.total_bytes, roofline.Ceilings.from_spec(SPEC, "bf16"))
     for causal, io in ((False, naive_io), (True, flash_io)))  # naive computes every pair
 assert naive_t.bound == "memory-bound" and naive_t.time_s > 5 * flash_t.time_s
-glue("q1_speedup", naive_t.time_s / flash_t.time_s)
-glue("q1_naive_bound", naive_t.bound)
 glue("q1_flash_bound", "its bytes take longer than its FLOPs: memory-bound by this count, which "
      "charges every re-read of K and V to HBM (most of them hit the L2 cache)"
      if flash_t.bound == "memory-bound" else "its FLOPs take longer than its bytes: compute-bound")
 for name, value in {"q1_naive_gb": naive_keep / 1e9, "q1_flash_mb": flash_keep / 1e6,
-                    "q1_naive_io": naive_io.total_bytes / 1e9,
-                    "q1_flash_io": flash_io.total_bytes / 1e9,
-                    "q1_t_naive": naive_t.time_s * 1e3, "q1_t_flash": flash_t.time_s * 1e3,
-                    "q1_flash_flop_ms": flash_t.math_s * 1e3,
-                    "q1_flash_byte_ms": flash_t.memory_s * 1e3}.items():
+                    "q1_naive_io": naive_io.total_bytes / 1e9, "q1_naive_bound": naive_t.bound,
+                    "q1_flash_io": flash_io.total_bytes / 1e9, "q1_t_naive": naive_t.time_s * 1e3,
+                    "q1_naive_flop_ms": naive_t.math_s * 1e3, "q1_t_flash": flash_t.time_s * 1e3,
+                    "q1_flash_flop_ms": flash_t.math_s * 1e3, "q1_flash_byte_ms": flash_t.memory_s
+                    * 1e3, "q1_speedup": naive_t.time_s / flash_t.time_s}.items():
     glue(name, value)
 
 # %% [markdown]
@@ -541,13 +602,15 @@ for name, value in {"q1_naive_gb": naive_keep / 1e9, "q1_flash_mb": flash_keep /
 # (a) Naive keeps $P$ and the mask: {glue:text}`q1_naive_gb:.1f` GB; a FlashAttention backend keeps
 # $q, k, v, O$ and $L$: {glue:text}`q1_flash_mb:.0f` MB. (b) Naive moves
 # {glue:text}`q1_naive_io:.0f` GB (every eager op reads and writes an $n \times n$ matrix), the
-# tiled kernel {glue:text}`q1_flash_io:.1f` GB. (c) Naive: at least {glue:text}`q1_t_naive:.1f` ms,
+# tiled kernel {glue:text}`q1_flash_io:.1f` GB. (c) Each bound is the longer of FLOPs / peak and
+# bytes / bandwidth. Naive (which computes every pair, masked or not):
+# {glue:text}`q1_naive_flop_ms:.1f` ms of FLOPs against {glue:text}`q1_t_naive:.1f` ms of bytes,
 # {glue:text}`q1_naive_bound`. Tiled: {glue:text}`q1_flash_flop_ms:.1f` ms of FLOPs and
-# {glue:text}`q1_flash_byte_ms:.1f` ms of bytes; {glue:text}`q1_flash_bound`. Either way its bound
-# is {glue:text}`q1_speedup:.0f` times below naive's.
+# {glue:text}`q1_flash_byte_ms:.1f` ms of bytes; {glue:text}`q1_flash_bound`. (d) The ratio of the
+# two bounds: the tiled kernel's is {glue:text}`q1_speedup:.0f` times below naive's.
 # ```
 #
-# ### Q2 [Find the error]
+# ### Q2 (find the error) FlashAttention does less work
 #
 # "FlashAttention is faster because it does less work: it never computes the full attention matrix,
 # and its backward skips the matrix too." What is wrong? Count the backward's FLOPs.
@@ -555,8 +618,8 @@ for name, value in {"q1_naive_gb": naive_keep / 1e9, "q1_flash_mb": flash_keep /
 # %% tags=["hide-cell"]
 q2 = {s_: attention_cost.attention_backward_flops(1, 1, 4_096, 4_096, 64, strategy=s_) for s_ in
       attention_cost.BACKWARD_MATMULS}
-assert q2["separate_dq"] > q2["atomic_dq"] > q2["stored_p"]
-glue("q2_more", q2["atomic_dq"] / q2["stored_p"])
+q2_more = glue("q2_more", q2["atomic_dq"] / q2["stored_p"])
+assert q2["separate_dq"] > q2["atomic_dq"] > q2["stored_p"] and q2_more == 1.25  # 5 / 4 matmuls
 
 # %% [markdown]
 # ```{dropdown} Answer
@@ -567,24 +630,76 @@ glue("q2_more", q2["atomic_dq"] / q2["stored_p"])
 # the time of attention is set by bytes, not FLOPs.
 # ```
 #
-# ### Q3 [How much does causal skipping save?]
+# ### Q3 How much does causal skipping save?
 #
 # With square tiles of $b$ rows and $n = tb$ tokens, how many tiles does a causal kernel compute,
 # and what fraction of the dense work is that at $n$ = 16,384 with $b$ = 64 and 128?
 
 # %% tags=["hide-cell"]
-q3 = {b_3: attention_cost.tiled_score_pairs(Q_SEQ, Q_SEQ, block_q=b_3, block_k=b_3, causal=True)
-      / Q_SEQ**2 for b_3 in (64, 128)}
-for b_3, share in q3.items():  # t(t + 1)/2 tiles of t^2, t = n / b
-    assert math.isclose(share, (Q_SEQ // b_3 + 1) / (2 * (Q_SEQ // b_3)))
-glue("q3_64", 100 * q3[64])
-glue("q3_128", 100 * q3[128])
+for b_3 in (64, 128):  # t(t + 1)/2 tiles of t^2, t = n / b
+    share = glue(f"q3_{b_3}", 100 * attention_cost.tiled_score_pairs(
+        Q_SEQ, Q_SEQ, block_q=b_3, block_k=b_3, causal=True) / Q_SEQ**2)
+    assert math.isclose(share, 100 * (Q_SEQ // b_3 + 1) / (2 * (Q_SEQ // b_3)))
 
 # %% [markdown]
 # ```{dropdown} Answer
 # The tiles on or below the diagonal: $t(t+1)/2$ of $t^2$, a fraction $(t+1)/(2t)$ =
 # {glue:text}`q3_64:.2f`% at $b$ = 64 and {glue:text}`q3_128:.2f`% at $b$ = 128. Smaller tiles waste
 # less on the diagonal but reload $K$ and $V$ more often.
+# ```
+#
+# ### Q4 (code) Count the causal tiles
+#
+# Write `causal_tile_counts(n_q, n_k, block_q, block_k)`: how many tiles of a causal kernel (query
+# $i$ sees keys $j \le i + n_k - n_q$) are skipped, computed full, and computed on the diagonal,
+# as in the map above. Use it for a training sequence of 16,384 tokens with the forward's
+# {glue:text}`tile_q` × {glue:text}`tile_k` tiles, and for a chunk of 1,000 new queries against
+# 3,000 keys (a prefill that continues a cached context) with 64 × 64 tiles. Hint: for the query
+# tile of rows $i_0 \ldots i_1 - 1$, which key does its last row see last, and its first row?
+
+# %%
+def causal_tile_counts(n_q, n_k, block_q, block_k):  # <- your code here
+    """{"skipped": ..., "full": ..., "diagonal": ...}: the tiles of each kind."""
+    raise NotImplementedError("count the tiles of each kind")
+
+
+# %% tags=["hide-cell"]
+# The book's solution (opened on demand). `solved_by` checks the reader's function once it is
+# written, and the book's while it is not, against the tile map's own classification.
+def causal_tile_counts_solution(n_q, n_k, block_q, block_k):
+    counts = {"skipped": 0, "full": 0, "diagonal": 0}
+    for i0 in range(0, n_q, block_q):  # the tile's first row sees keys <= first, its last <= last
+        first, last = i0 + n_k - n_q, min(i0 + block_q, n_q) - 1 + n_k - n_q
+        for j0 in range(0, n_k, block_k):
+            counts["skipped" if j0 > last else "full" if min(j0 + block_k, n_k) - 1 <= first
+                   else "diagonal"] += 1
+    return counts
+
+
+for name, (n_q, n_k, b_q, b_k) in {"q4_train": (16_384, 16_384, *FLASH_TILE),
+                                   "q4_chunk": (1_000, 3_000, 64, 64)}.items():
+    counts, whose = solved_by(causal_tile_counts, causal_tile_counts_solution, n_q, n_k, b_q, b_k)
+    kinds = tiling.causal_tiles(n_q, n_k, block_q=b_q, block_k=b_k)
+    assert counts == {kind: len(found) for kind, found in kinds.items()}
+    pairs = attention_cost.tiled_score_pairs(n_q, n_k, block_q=b_q, block_k=b_k, causal=True)
+    for key, value in {**counts, "share": 100 * pairs / (n_q * n_k), "offset": n_k - n_q}.items():
+        glue(f"{name}_{key}", value)
+assert counts["full"] > 4 * (counts["skipped"] + counts["diagonal"])  # the chunk: mostly full
+print(f"checked: {whose} solution, against tiling.causal_tiles and the kernels' loop bound")
+
+# %% [markdown]
+# ```{dropdown} Answer
+# For the query tile of rows $i_0 \ldots i_1 - 1$ and offset $n_k - n_q$: its last row sees keys
+# up to $i_1 - 1 + n_k - n_q$, so a key tile that starts after that key is never loaded
+# (skipped: the kernels' loop stops there); its first row sees keys up to $i_0 + n_k - n_q$, so a
+# key tile that ends at or before that key has no masked pair (full); the tiles in between cross
+# the diagonal. 16,384 tokens, {glue:text}`tile_q` × {glue:text}`tile_k`:
+# {glue:text}`q4_train_skipped:,` skipped, {glue:text}`q4_train_full:,` full,
+# {glue:text}`q4_train_diagonal:,` diagonal, {glue:text}`q4_train_share:.2f`% of the dense pairs
+# computed. The chunk of 1,000 queries against 3,000 keys: {glue:text}`q4_chunk_skipped:,`
+# skipped, {glue:text}`q4_chunk_full:,` full, {glue:text}`q4_chunk_diagonal:,` diagonal: the first
+# query sees keys up to {glue:text}`q4_chunk_offset:,`, so most of the work is full tiles, and
+# {glue:text}`q4_chunk_share:.1f`% of the pairs are computed.
 # ```
 #
 # ## Summary
@@ -597,3 +712,5 @@ glue("q3_128", 100 * q3[128])
 #   and partial results merge through their log-sum-exp.
 # - FlashAttention-2 keeps $q, k, v, O, L$, recomputes $P$ in the backward, and skips causal tiles
 #   above the diagonal; it does more FLOPs and moves far fewer bytes.
+# - A causal kernel's tiles are skipped (never loaded), full, or on the diagonal (computed whole,
+#   then masked): the diagonal tiles are all its work beyond the exact triangle.

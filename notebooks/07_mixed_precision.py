@@ -17,6 +17,8 @@
 # {glue:text}`q_mixed_bpp` bytes per parameter, as many as fp32 AdamW. Which tensors really change
 # dtype under autocast, which computations must stay in fp32 and why, how is fp16's narrow range
 # survived, and how much time and memory does it save for the book's presets, measured?
+#
+# Cheat sheet: {doc}`../book/memory_onepager`.
 
 # %% tags=["remove-cell"]
 # Colab or a fresh kernel: install the book's library if it is missing (a no-op in the book's own
@@ -37,31 +39,28 @@ if importlib.util.find_spec("mlsys") is None:
             "repository (`pip install -e .` at its root), then restart the kernel.")
     importlib.invalidate_caches()
 
-# %%
+# %% tags=["remove-input"]
 from mlsys import env
 
 print(env.describe())
 
-# %%
+# %% tags=["remove-cell"]
+import math
+
 import matplotlib.pyplot as plt
 import torch
-from IPython.display import display
 
-from mlsys import experiments, hardware, plotting, policies
+from mlsys import book, experiments, hardware, policies
 from mlsys.accounting import activations, flops, memory
 from mlsys.accounting.params import count_params
 from mlsys.book import Table, glue, num
-from mlsys.experiments import (
-    amp_memory,
-    amp_speed,
-    autocast_dtypes,
-    autocast_overhead,
-    mixed_precision,
-)
+from mlsys.diagrams import precision as diagrams
+from mlsys.experiments import amp_memory, amp_speed, autocast_dtypes, autocast_overhead
+from mlsys.experiments import mixed_precision as mp
 from mlsys.models.config import TransformerConfig
-from mlsys.models.transformer import Transformer
 from mlsys.numerics import norm_numerics as norms
-from mlsys.numerics.weight_updates import adam_first_step_stalls, stall_threshold
+from mlsys.numerics.precision import FORMATS
+from mlsys.numerics.weight_updates import stall_threshold
 
 # %% tags=["parameters"]
 SEED = 0
@@ -72,13 +71,14 @@ NORM_D = 4_096  # the width of the overflow example
 STALL_LR = 1e-5
 # Live numerics on the debug model (cheap on any machine)
 LOSS_SCALES = (1.0, 2.0**8, 2.0**16)
+SAWTOOTH_STEPS = env.pick(smoke=300, cpu=500, gpu=500)
+GROWTH_INTERVAL = 10  # torch's default is 2,000: 10 shows the teeth within hundreds of steps
 STAGNATION_STEPS = 40
 # Measurements: sizes per profile live with each experiment (lib/mlsys/experiments/)
 DTYPES = env.pick(**autocast_dtypes.SIZES)
 SPEED = env.pick(**amp_speed.SIZES)
 OVERHEAD = env.pick(**autocast_overhead.SIZES)
 MEMORY = env.pick(**amp_memory.SIZES)
-print(DTYPES, SPEED, OVERHEAD, MEMORY, sep="\n")
 
 # %% [markdown]
 # Chapter 01 showed what 16-bit formats keep and lose; chapter 02 priced each training recipe in
@@ -94,7 +94,7 @@ print(DTYPES, SPEED, OVERHEAD, MEMORY, sep="\n")
 # of every tensor stored in 16 bits. Model states need not be among them: the recipes of
 # `accounting.memory`, each a runnable `training` policy under the same name:
 
-# %%
+# %% tags=["hide-input"]
 spec_fp32, spec_tf32, spec_bf16 = (SPEC.peak_flop_per_s(dt) for dt in ("fp32", "tf32", "bf16"))
 glue("q_peak_ratio", spec_bf16 / spec_fp32)
 glue("tf32_ratio", spec_bf16 / spec_tf32)
@@ -110,7 +110,6 @@ for name, pol in policies.POLICIES.items():
 glue("q_mixed_bpp", memory.recipe("bf16_mixed_adamw").bytes_per_param)
 assert memory.recipe("bf16_mixed_adamw").bytes_per_param == memory.recipe(
     "fp32_adamw").bytes_per_param
-glue("xl_params_b", n_params / 1e9)
 Table(["policy = recipe", "weights", "gradients", "master", "optimizer", "B/param",
        f"{PRESET} states (GB)"], recipe_rows)
 
@@ -121,22 +120,21 @@ Table(["policy = recipe", "weights", "gradients", "master", "optimizer", "B/para
 # gradients: 16 bytes per parameter, like fp32 AdamW. What shrinks is the activations saved for the
 # backward, the ones the matmuls read. For {glue:text}`napkin_model`, per training step:
 
-# %%
-saved32 = activations.saved_bytes(cfg, BATCH, SEQ, dtype="fp32")
-saved16 = activations.saved_bytes(cfg, BATCH, SEQ, dtype="bf16")
+# %% tags=["hide-input"]
+saved = {dt: activations.saved_bytes(cfg, BATCH, SEQ, dtype=dt) for dt in ("fp32", "bf16")}
 glue("napkin_model", f"`{PRESET}` at {BATCH} × {SEQ:,} tokens")
-napkin_rows = []
-for label, states, saved in (("fp32 AdamW", "fp32_adamw", saved32),
-                             ("bf16 mixed AdamW", "bf16_mixed_adamw", saved16),
-                             ("pure bf16 AdamW", "bf16_pure_adamw", saved16)):
+RECIPES = {"fp32 AdamW": ("fp32_adamw", "fp32"), "bf16 mixed AdamW": ("bf16_mixed_adamw", "bf16"),
+           "pure bf16 AdamW": ("bf16_pure_adamw", "bf16")}
+totals = {}
+for label, (states, dt) in RECIPES.items():
     s = memory.model_state_bytes(n_params, states)
-    napkin_rows.append([label, num(s / 1e9), num(saved.total_bytes / 1e9),
-                        num((s + saved.total_bytes) / 1e9)])
-mixed_total = memory.model_state_bytes(n_params, "bf16_mixed_adamw") + saved16.total_bytes
-fp32_total = memory.model_state_bytes(n_params, "fp32_adamw") + saved32.total_bytes
-glue("mixed_over_fp32", mixed_total / fp32_total)
-assert 0.5 < mixed_total / fp32_total < 1
-Table(["recipe", "model states (GB)", "saved activations (GB)", "sum (GB)"], napkin_rows)
+    totals[label] = s + saved[dt].total_bytes
+glue("mixed_over_fp32", totals["bf16 mixed AdamW"] / totals["fp32 AdamW"])
+assert 0.5 < totals["bf16 mixed AdamW"] / totals["fp32 AdamW"] < 1
+Table(["recipe", "model states (GB)", "saved activations (GB)", "sum (GB)"],
+      [[label, num((totals[label] - saved[dt].total_bytes) / 1e9),
+        num(saved[dt].total_bytes / 1e9), num(totals[label] / 1e9)]
+       for label, (_, dt) in RECIPES.items()])
 
 # %% [markdown]
 # The mixed recipe's sum is {glue:text}`mixed_over_fp32:.2f`× fp32's: "half the bytes" holds for
@@ -148,7 +146,7 @@ Table(["recipe", "model states (GB)", "saved activations (GB)", "sum (GB)"], nap
 # 65,504. bf16 keeps fp32's 8 exponent bits and 7 mantissa bits. Three consequences, each computed
 # by `mlsys.numerics.norm_numerics` and `mlsys.numerics.weight_updates`:
 
-# %%
+# %% tags=["hide-input"]
 eps_rows = []
 for eps in EPSILONS:
     for fmt in ("fp16", "bf16", "fp32"):
@@ -158,12 +156,11 @@ for eps in EPSILONS:
 e16, e_bf = norms.eps_facts(1e-5, "fp16"), norms.eps_facts(1e-5, "bf16")
 assert e16.kind == "subnormal" and e16.stored == e_bf.stored  # subnormal, yet as good as bf16's
 overflow_rms = norms.square_overflow_rms(NORM_D, "fp16")
-flush = norms.square_flush_below("fp16")
-stall = stall_threshold(1.0, "bf16")
 for name, value in {"eps16_stored": e16.stored, "eps16_err": 100 * e16.rel_error,
                     "eps_absorbed16": e16.absorbed_from, "eps_absorbed_bf": e_bf.absorbed_from,
-                    "overflow_rms": overflow_rms, "norm_d": f"{NORM_D:,}", "flush": flush,
-                    "stall_one": stall, "stall_lr": f"{STALL_LR:g}"}.items():
+                    "overflow_rms": overflow_rms, "norm_d": f"{NORM_D:,}",
+                    "flush": norms.square_flush_below("fp16"),
+                    "stall_one": stall_threshold(1.0, "bf16"), "stall_lr": f"{STALL_LR:g}"}.items():
     glue(name, value)
 Table(["eps", "format", "stored as", "kind", "error", "absorbed by mean squares ≥"], eps_rows)
 
@@ -203,47 +200,49 @@ Table(["eps", "format", "stored as", "kind", "error", "absorbed by mean squares 
 #
 # ### What autocast really does
 #
-# `dtype_recorder.DtypeRecorder` watches every op of a forward and backward (a `TorchDispatchMode`)
-# and records, per module, the dtypes of parameters, matmul inputs, outputs and gradients. The
-# seed's toy model (fc1 → ReLU → LayerNorm → fc2) under autocast on this device:
+# `dtype_recorder.DtypeRecorder` watches every op of a forward and backward (a
+# `TorchDispatchMode`) and records, per module, the dtypes of parameters, matmul inputs, outputs
+# and gradients. Two models under fp16 autocast: the seed's toy model (fc1 → ReLU → LayerNorm →
+# fc2) and one block and the head of the book's model (`LM`), on this device and, where one is
+# recorded, on a GPU:
 
 # %%
 dtype_rows = autocast_dtypes.run(DTYPES)
+panels = autocast_dtypes.map_panels(dtype_rows, experiments.recorded("autocast_dtypes"))
+
+# %% tags=["remove-input"]
+diagrams.draw_autocast_map(panels)
+plt.show()
+
+# %% tags=["hide-input"]
 seed_items = autocast_dtypes.seed_check(dtype_rows)
 glue("seed_ln", seed_items["ln output"])
 glue("seed_grads", seed_items["gradients"])
-display(autocast_dtypes.table(dtype_rows))
+weights = {c["weights"] for m in panels.values() for c in m.values()} - {"-"}
+assert weights == {"fp32"}  # autocast casts copies, never the weights themselves
+assert all(m["LM attn_norm (RMSNorm)"]["output"] == "fp32" for m in panels.values())
+glue("map_devices", " and ".join(panels))
 Table(["item (fp16 autocast)", "measured here, against the seed's answer"],
       [[k, v] for k, v in seed_items.items()])
 
 # %% [markdown]
-# The parameters stay fp32 (autocast casts copies, not weights), the matmuls read 16-bit copies and
-# write 16-bit outputs, the loss is fp32, and the gradients are stored in fp32
-# ({glue:text}`seed_grads`), though the matmul weight gradients hold only 16-bit values: the
-# backward matmul ran in 16 bits and was cast up. LayerNorm's output here: {glue:text}`seed_ln`.
-# Autocast's op lists differ by device (on CUDA layer_norm and softmax run in fp32; this CPU's list
-# keeps them in the input's dtype), which is why the table is recorded, not copied. The book's
-# transformer:
-
-# %%
-autocast_dtypes.table(dtype_rows, model="transformer")
-
-# %% [markdown]
+# The map's panels: {glue:text}`map_devices`. The weights stay fp32 in every row (autocast casts
+# copies, not weights), the matmuls read 16-bit copies and write 16-bit outputs, the loss is fp32,
+# and the weight gradients are stored in fp32 ({glue:text}`seed_grads`), though those of the
+# matmuls hold only 16-bit values (the last column: stored / the narrowest format that holds their
+# values): the backward matmul ran in 16 bits and was cast up. LayerNorm's output here:
+# {glue:text}`seed_ln`. Autocast's op lists differ by device (on CUDA layer_norm and softmax run in
+# fp32; this CPU's list keeps them in the input's dtype), which is why the map is recorded, not
+# copied. The book's RMSNorm upcasts its input itself, so its rows are fp32 in every panel.
+#
 # ### Normalization in low precision
 #
 # The inputs of every RMSNorm of the debug model, captured, normalized in fp16 and bf16 (squares,
 # sum and mean in the 16-bit format, summed by PyTorch's reduction, which accumulates in fp32, or
 # one addition at a time, as a kernel with a 16-bit accumulator would), against float64:
 
-# %%
-torch.manual_seed(SEED)
-debug = Transformer(TransformerConfig.preset("debug"))
-debug.init_weights(seed=SEED)
-tokens = torch.randint(debug.config.vocab_size, (8, 64), generator=torch.Generator()
-                       .manual_seed(SEED))
-inputs = norms.norm_inputs(debug, tokens)
-x_all = torch.cat([t.flatten(0, -2) for t in inputs.values()])
-norm_rows = norms.norm_errors(x_all)
+# %% tags=["hide-input"]
+norm_rows = mp.norm_errors(batch=8, seq=64, seed=SEED)
 by = {(r["dtype"], r["accumulate"]): r for r in norm_rows}
 glue("norm_bf16_seq", 100 * by[("bf16", "sequential")]["median_rel_error"])
 glue("norm_bf16_torch", 100 * by[("bf16", "torch")]["median_rel_error"])
@@ -253,11 +252,7 @@ plateau = norms.rms_inv(torch.ones(1, NORM_D), "bf16", accumulate="sequential").
 assert by[("bf16", "sequential")]["median_rel_error"] > 1.5 * by[("bf16", "torch")][
     "median_rel_error"] and plateau > 1.5  # the 16-bit accumulator, not the format, is the issue
 glue("plateau_scale", plateau)
-Table(["dtype", "summed", "median error of 1/rms", "max error", "rows overflowed",
-       "squares flushed to 0"],
-      [[r["dtype"], r["accumulate"], f"{r['median_rel_error']:.2%}",
-        f"{r['max_rel_error']:.2%}", f"{r['overflowed_rows']:.1%}",
-        f"{r['squares_flushed']:.2%}"] for r in norm_rows])
+mp.norm_table(norm_rows)
 
 # %% [markdown]
 # With PyTorch's reductions the normalizer is off by a median {glue:text}`norm_fp16_torch:.2f`% in
@@ -270,56 +265,84 @@ Table(["dtype", "summed", "median error of 1/rms", "max error", "rows overflowed
 #
 # ### Loss scaling
 #
-# One batch of the debug model, backward in fp16 against fp32, gradient by gradient, for three loss
-# scales:
+# Where do the gradients of the debug model lie in fp16's range? Every entry of one batch's fp32
+# gradients, one bin per power of two, as they are and multiplied by a loss scale of
+# {glue:text}`under_scale`, against the zones that follow from fp16's 5 exponent and 10 mantissa
+# bits:
 
-# %%
-under = mixed_precision.gradient_underflow(scales=LOSS_SCALES)
-summary = []
-for scale in LOSS_SCALES:
-    mine = [r for r in under if r["scale"] == scale]
-    total = sum(r["numel"] for r in mine)
-    summary.append([f"{scale:g}", *(f"{sum(r[k] * r['numel'] for r in mine) / total:.3%}"
-                                    for k in ("flushed", "subnormal", "overflowed")),
-                    f"{max(r['median_rel_error'] for r in mine):.2%}"])
+# %% tags=["remove-input"]
+grads = list(mp.gradients(batch=8, seq=64, seed=SEED).values())
+shares = {s: diagrams.zone_shares(grads, "fp16", scale=s) for s in LOSS_SCALES}
+diagrams.draw_gradient_histogram(grads, scales=LOSS_SCALES[:2])
+plt.show()
+
+# %% [markdown]
+# Unscaled, {glue:text}`hist_sub1:.1f`% of the entries would be subnormal in fp16 (fewer
+# significant bits) and {glue:text}`hist_under1:.3f`% would round to zero; multiplied by
+# {glue:text}`under_scale`, {glue:text}`hist_sub8:.2f`% and {glue:text}`hist_under8:.0f`%, and the
+# largest is still {glue:text}`hist_headroom:.0f` powers of two below fp16's max. The histogram
+# casts fp32 gradients; an fp16 backward computes them in fp16 from the start, so its own
+# intermediate gradients can underflow too. Measured, tensor by tensor, against fp32:
+
+# %% tags=["hide-input"]
+under = mp.gradient_underflow(scales=LOSS_SCALES, seed=SEED)
 worst_layer = max((r for r in under if r["scale"] == 1.0), key=lambda r: r["subnormal"])
-glue("under_layer", worst_layer["parameter"])
-glue("under_layer_sub", 100 * worst_layer["subnormal"])
 scaled = next(r for r in under if r["scale"] == LOSS_SCALES[1]
               and r["parameter"] == worst_layer["parameter"])
 assert scaled["subnormal"] < worst_layer["subnormal"]
-glue("under_layer_scaled", 100 * scaled["subnormal"])
-glue("under_scale", f"{LOSS_SCALES[1]:g}")
-Table(["loss scale", "flushed to 0", "subnormal", "overflowed", "worst median error"], summary)
+assert shares[LOSS_SCALES[1]]["subnormal"] < shares[1.0]["subnormal"]
+g_max = max(float(g.abs().max()) for g in grads)
+for name, value in {"under_layer": worst_layer["parameter"], "under_scale": f"{LOSS_SCALES[1]:g}",
+                    "under_layer_sub": 100 * worst_layer["subnormal"],
+                    "under_layer_scaled": 100 * scaled["subnormal"],
+                    "hist_sub1": 100 * shares[1.0]["subnormal"],
+                    "hist_under1": 100 * shares[1.0]["underflow"],
+                    "hist_sub8": 100 * shares[LOSS_SCALES[1]]["subnormal"],
+                    "hist_under8": 100 * shares[LOSS_SCALES[1]]["underflow"],
+                    "hist_headroom": math.log2(FORMATS["fp16"].max / (g_max * LOSS_SCALES[1]))
+                    }.items():
+    glue(name, value)
+mp.underflow_table(under)
 
 # %% [markdown]
 # Unscaled, {glue:text}`under_layer_sub:.1f`% of the entries of `{glue:text}`under_layer`` are
-# subnormal in fp16 (a few significant bits left); scaled by {glue:text}`under_scale`,
+# subnormal in the fp16 backward; scaled by {glue:text}`under_scale`,
 # {glue:text}`under_layer_scaled:.2f`%. A scale can also be too large: the gradients then overflow,
-# which a dynamic scaler detects. The dynamic scaler, started far too high, on the hand-written fp16
-# recipe (fp16 weights, fp32 master):
+# which a dynamic scaler detects. The dynamic scaler on the hand-written fp16 recipe (fp16 weights,
+# fp32 master), started far too high, for {glue:text}`saw_steps` steps on one batch:
 
 # %%
-trace = mixed_precision.trace_loss_scale()
-skips = sum(not r["finite"] for r in trace)
-glue("trace_skips", skips)
-glue("trace_final", trace[-1]["scale"])
-assert any(r["action"].startswith("grow") for r in trace)
-agree = mixed_precision.amp_agreement()
-same = max(r["max_weight_diff"] for r in agree if r["run"] == "book scaler")
-hand = max(r["max_weight_diff"] for r in agree if r["run"] == "hand-written")
-assert same == 0.0  # the book's scaler on autocast is torch's GradScaler, bit for bit
-glue("agree_hand", hand)
-Table(["step", "scale", "finite", "action", "loss"],
-      [[r["step"], f"{r['scale']:g}", r["finite"], r["action"], f"{r['loss']:.4f}"]
-       for r in trace])
+trace = mp.trace_loss_scale(steps=SAWTOOTH_STEPS, init_scale=2.0**24,
+                            growth_interval=GROWTH_INTERVAL, seed=SEED)
+
+# %% tags=["remove-input"]
+diagrams.draw_loss_scale([r["scale"] for r in trace], [r["finite"] for r in trace],
+                         [r["grad_amax"] for r in trace])
+plt.show()
+
+# %% tags=["remove-cell"]
+saw = mp.sawtooth_summary(trace)
+assert saw["settling"] > 0 and saw["skips"] > 0
+assert trace[-1]["scale"] > trace[saw["settling"]]["scale"]  # the scale follows the gradients
+agree = mp.amp_agreement()
+assert max(r["max_weight_diff"] for r in agree if r["run"] == "book scaler") == 0.0  # bit for bit
+for name, value in {**saw, "steps": SAWTOOTH_STEPS, "growth": GROWTH_INTERVAL,
+                    "agree_hand": max(r["max_weight_diff"] for r in agree
+                                      if r["run"] == "hand-written")}.items():
+    glue(f"saw_{name}", value)
 
 # %% [markdown]
-# It skipped {glue:text}`trace_skips` steps while backing off, then settled at
-# {glue:text}`trace_final:g` and grew. With autocast, the book's scaler reproduces PyTorch's
-# `GradScaler` bit for bit (same weights, scales and skipped steps); the hand-written recipe runs
-# every op in fp16, where autocast keeps some in fp32, and stays within {glue:text}`agree_hand:.1e`
-# of it in the weights.
+# The first {glue:text}`saw_settling` steps overflowed, each halving $S$, down to
+# {glue:text}`saw_settled`. From there the sawtooth: {glue:text}`saw_growth` finite steps double
+# $S$, and a doubling that pushes the largest stored gradient past 65,504 costs a skipped step and
+# halves it back: {glue:text}`saw_skips` skipped steps, {glue:text}`saw_skip_rate:.1f`% of the
+# rest of the run. As the model learns, its gradients shrink (the lower curve) and $S$ climbs to
+# {glue:text}`saw_final`, keeping the stored gradients just under the max.
+# torch's `GradScaler` waits 2,000 steps before it doubles, so it skips at most about one step in
+# 2,000 once settled.
+# With autocast, the book's scaler reproduces `GradScaler` bit for bit (same weights, scales and
+# skipped steps); the hand-written recipe runs every op in fp16, where autocast keeps some in fp32,
+# and stays within {glue:text}`saw_agree_hand:.1e` of it in the weights.
 #
 # ### Weights that do not move
 #
@@ -327,37 +350,32 @@ Table(["step", "scale", "finite", "action", "loss"],
 # weights stored in bf16 with each rounding of `weight_updates.RoundedAdamW`, against fp32:
 
 # %%
-stag = mixed_precision.stagnation(steps=STAGNATION_STEPS, lr=STALL_LR)
-first_step = torch.cat([p.detach().flatten().to(torch.bfloat16).float()
-                        for p in debug.parameters()])
-glue("stall_predicted", 100 * adam_first_step_stalls(first_step, STALL_LR))
+stag = mp.stagnation(steps=STAGNATION_STEPS, lr=STALL_LR, seed=SEED)
+
+# %% tags=["remove-input"]
+diagrams.draw_stagnation({mp.STAGNATION_LABELS[k]: v["losses"] for k, v in stag.items()},
+                         reference=mp.STAGNATION_LABELS["none"])
+plt.show()
+
+# %% tags=["hide-input"]
+glue("stall_predicted", 100 * mp.first_step_stalls(lr=STALL_LR, seed=SEED))
 glue("stag_steps", STAGNATION_STEPS)
 drop = {k: v["losses"][0] - v["final_loss"] for k, v in stag.items()}
 glue("stag_nearest_moved", 100 * stag["nearest"]["changed_fraction"])
 glue("stag_nearest_drop", drop["nearest"] / drop["none"])
-remedies = ("master", "kahan", "stochastic")
 moved = {k: v["changed_fraction"] for k, v in stag.items()}
+remedies = ("master", "kahan", "stochastic")
 assert moved["nearest"] < 0.5 < min(moved[k] for k in remedies)
 assert drop["nearest"] < 0.5 * drop["none"] and all(drop[k] > 0.9 * drop["none"] for k in remedies)
-Table(["stored as", "loss drop", "vs fp32's", "weights that ever moved", "extra bytes/param"],
-      [[k, f"{drop[k]:.4f}", f"{drop[k] / drop['none']:.2f}", f"{v['changed_fraction']:.1%}",
-        v["extra_bytes_per_param"]] for k, v in stag.items()])
-
-# %% tags=["remove-input"]
-fig, ax = plotting.subplots(width=7.0, height=3.6)
-for color, (name, v) in zip(plotting.CYCLE, stag.items(), strict=False):
-    ax.plot(range(1, STAGNATION_STEPS + 1), v["losses"], color=color, label=name)
-plotting.finish(ax, title="AdamW, weights stored in bf16 by rounding", xlabel="step",
-                ylabel="loss")
-ax.legend(fontsize=7)
-plt.show()
+mp.stagnation_table(stag)
 
 # %% [markdown]
 # Rounded to nearest, only {glue:text}`stag_nearest_moved:.1f`% of the weights ever moved, and the
 # loss fell {glue:text}`stag_nearest_drop:.2f`× as far as in fp32 (AdamW's first step alone leaves
 # {glue:text}`stall_predicted:.1f`% of the bf16 weights unchanged, predicted from their values). An
 # fp32 master copy (4 bytes per parameter), a Kahan compensation term (2 bytes) or stochastic
-# rounding (none) each restore fp32's curve.
+# rounding (none) each restore fp32's curve: in the left panel they lie on top of it, in the right
+# one their gap to it stays near zero while round-to-nearest's grows.
 #
 # ### fp8
 #
@@ -367,15 +385,12 @@ plt.show()
 # gradient, through `fp8.Fp8Linear` (simulated by casting on a CPU; `torch._scaled_mm` where the
 # hardware has it):
 
-# %%
-f8 = mixed_precision.fp8_linear_errors()
+# %% tags=["hide-input"]
+f8 = mp.fp8_linear_errors(seed=SEED)
 glue("fp8_out", 100 * next(r["rel_error"] for r in f8 if r["scaling"] == "current"
                            and r["tensor"] == "output"))
-unscaled = next(r for r in f8 if r["scaling"] == "none")
-glue("fp8_flushed", 100 * unscaled["grad_flushed"])
-Table(["scaling", "tensor", "error vs fp32", "largest |value|", "gradient entries flushed"],
-      [[r["scaling"], r["tensor"], f"{r['rel_error']:.2%}", f"{r['amax']:.3g}",
-        f"{r['grad_flushed']:.1%}"] for r in f8])
+glue("fp8_flushed", 100 * next(r for r in f8 if r["scaling"] == "none")["grad_flushed"])
+mp.fp8_table(f8)
 
 # %% [markdown]
 # Scaled per tensor, the output is within {glue:text}`fp8_out:.1f`% of fp32 (3 mantissa bits: half
@@ -390,9 +405,10 @@ Table(["scaling", "tensor", "error vs fp32", "largest |value|", "gradient entrie
 
 # %%
 speed_rows = amp_speed.run(SPEED)
-speed_verdicts = amp_speed.verdicts(speed_rows)
-glue("speed_speed", speed_verdicts["speed"])
-glue("speed_floor", speed_verdicts["floor"])
+
+# %% tags=["hide-input"]
+for name, text in amp_speed.verdicts(speed_rows).items():
+    glue(f"speed_{name}", text)
 amp_speed.table(speed_rows)
 
 # %% [markdown]
@@ -404,7 +420,7 @@ amp_speed.table(speed_rows)
 # here op by op (every aten op counted with and without autocast, the weight casts timed alone, a
 # bare op timed alone):
 
-# %%
+# %% tags=["hide-input"]
 glue("seed_floor", autocast_overhead.seed_verdict())
 overhead_rows = autocast_overhead.run(OVERHEAD)
 for i, text in enumerate(autocast_overhead.verdicts(overhead_rows).values()):
@@ -419,10 +435,9 @@ autocast_overhead.table(overhead_rows)
 # One fresh model per preset and run: the allocator read around a forward without gradients
 # (inference) and around a training step, beside the counts that explain them:
 
-# %%
+# %% tags=["hide-input"]
 memory_rows = amp_memory.run(MEMORY)
-memory_verdicts = amp_memory.verdicts(memory_rows)
-for name, text in memory_verdicts.items():
+for name, text in amp_memory.verdicts(memory_rows).items():
     glue(f"memory_{name}", text)
 amp_memory.table(memory_rows)
 
@@ -435,11 +450,12 @@ amp_memory.table(memory_rows)
 # ### Recorded GPU results
 #
 # `python -m mlsys.experiments` runs these four experiments in GPU sizes (the presets `small` to
-# `2.7B`; fp16 and bf16 autocast dtypes on CUDA, whose op lists differ from the CPU's):
+# `2.7B`; fp16 and bf16 autocast dtypes on CUDA, whose op lists differ from the CPU's).
+# {glue:text}`missing_records`
 
-# %%
-for name in ("autocast_dtypes", "amp_speed", "autocast_overhead", "amp_memory"):
-    experiments.show_recorded(name)
+# %% tags=["hide-input"]
+missing = glue("missing_records", experiments.show_records(
+    ("autocast_dtypes", "amp_speed", "autocast_overhead", "amp_memory")))
 
 # %% [markdown]
 # ```{admonition} Takeaway
@@ -453,75 +469,169 @@ for name in ("autocast_dtypes", "amp_speed", "autocast_overhead", "amp_memory"):
 #
 # ## Exercises
 #
-# ### Q1 [The xl preset on one H100, three recipes]
+# ### Q1 (multi-step) The xl preset on one H100, three recipes
 #
 # For `xl` at batch 4 × 1,024 on an H100 ({glue:text}`q1_hbm:.0f` GB): (a) model states and saved
-# activations under fp32 AdamW, the mixed recipe and pure bf16; (b) which fit; (c) the lower bound
-# on the step's matmul time at the fp32, TF32 and bf16 peaks.
+# activations under fp32 AdamW, the mixed recipe and pure bf16; (b) from (a), which fit; (c) for
+# each recipe that fits, the lower bound on the step's matmul time at its matmul peak (bf16 for
+# the 16-bit recipes; TF32 for fp32 weights), and how much faster the fastest of them is than fp32
+# at TF32 would be.
 
 # %% tags=["hide-cell"]
-q1 = {}
-for label, recipe, saved in (("fp32", "fp32_adamw", saved32),
-                             ("mixed", "bf16_mixed_adamw", saved16),
-                             ("pure", "bf16_pure_adamw", saved16)):
-    q1[label] = memory.model_state_bytes(n_params, recipe) + saved.total_bytes
-fits = [k for k, v in q1.items() if v <= SPEC.hbm_bytes]
-glue("q1_hbm", SPEC.hbm_bytes / 1e9)
+q1 = {label: totals[label] / 1e9 for label in RECIPES}
+fits = [label for label, gb in q1.items() if gb * 1e9 <= SPEC.hbm_bytes]
 step_flops = flops.transformer_flops(cfg, BATCH, SEQ).training_matmul_flops
-times = {dt: step_flops / SPEC.peak_flop_per_s(dt) for dt in ("fp32", "tf32", "bf16")}
-assert times["fp32"] > times["tf32"] > times["bf16"]
-for name, value in {"q1_fp32": q1["fp32"] / 1e9, "q1_mixed": q1["mixed"] / 1e9,
-                    "q1_pure": q1["pure"] / 1e9, "q1_fits": ", ".join(fits) or "none",
-                    "q1_t32": times["fp32"] * 1e3, "q1_t_tf": times["tf32"] * 1e3,
-                    "q1_t16": times["bf16"] * 1e3}.items():
+peak = {label: SPEC.peak_flop_per_s("tf32" if dt == "fp32" else dt)
+        for label, (_, dt) in RECIPES.items()}
+times = {label: step_flops / peak[label] * 1e3 for label in RECIPES}  # ms
+fastest = min(fits, key=times.get) if fits else None
+assert q1["fp32 AdamW"] > q1["bf16 mixed AdamW"] > q1["pure bf16 AdamW"]
+assert fastest is None or times[fastest] <= times["fp32 AdamW"]
+for name, value in {"q1_hbm": SPEC.hbm_bytes / 1e9, "q1_fp32": q1["fp32 AdamW"],
+                    "q1_mixed": q1["bf16 mixed AdamW"], "q1_pure": q1["pure bf16 AdamW"],
+                    "q1_fits": ", ".join(fits) or "none", "q1_bpp": ", ".join(
+                        str(memory.recipe(r).bytes_per_param) for r, _ in RECIPES.values()),
+                    "q1_times": "; ".join(f"{k} {times[k]:.0f} ms" for k in fits) or "none",
+                    "q1_t_tf": times["fp32 AdamW"],
+                    "q1_speedup": times["fp32 AdamW"] / times[fastest] if fastest else 1.0}.items():
     glue(name, value)
 
 # %% [markdown]
 # ```{dropdown} Answer
-# (a) States plus saved activations: fp32 {glue:text}`q1_fp32:.1f` GB, mixed
-# {glue:text}`q1_mixed:.1f` GB, pure bf16 {glue:text}`q1_pure:.1f` GB. (b) Within
-# {glue:text}`q1_hbm:.0f` GB: {glue:text}`q1_fits`. (c) At the peaks, the step's matmuls need at
-# least {glue:text}`q1_t32:.0f` ms (fp32), {glue:text}`q1_t_tf:.0f` ms (TF32) and
-# {glue:text}`q1_t16:.0f` ms (bf16).
+# (a) Model states are parameters × bytes per parameter of the recipe ({glue:text}`q1_bpp` B);
+# saved activations come from `activations.saved_bytes` in the recipe's activation dtype. Sums: fp32
+# {glue:text}`q1_fp32:.1f` GB, mixed {glue:text}`q1_mixed:.1f` GB, pure bf16
+# {glue:text}`q1_pure:.1f` GB. (b) Within {glue:text}`q1_hbm:.0f` GB: {glue:text}`q1_fits`.
+# (c) The step's matmul FLOPs (`flops.transformer_flops`: about 6 per parameter and token, plus
+# attention's) over the peak of the format the matmuls run in: {glue:text}`q1_times`. At TF32's
+# peak fp32 weights would need {glue:text}`q1_t_tf:.0f` ms, {glue:text}`q1_speedup:.1f`× as long
+# as the fastest recipe that fits.
 # ```
 #
-# ### Q2 [Find the error]
+# ### Q2 (find the error) Epsilon in fp16
 #
 # "LayerNorm must stay in fp32 under fp16 autocast because its epsilon, 1e-5, is below fp16's
 # smallest normal number and rounds away." What is wrong, and what does need fp32?
 
 # %% tags=["hide-cell"]
+eps16 = torch.tensor(1e-5).half()
+assert eps16.item() == e16.stored > 0  # 1e-5 survives the cast: subnormal, not zero
 tiny = norms.eps_facts(1e-8, "fp16")
-assert e16.stored > 0 and tiny.stored == 0 and e16.rel_error < 0.01
+assert tiny.stored == 0 and e16.rel_error < 0.01
+row = torch.full((1, NORM_D), 1.1 * overflow_rms)  # an rms just past the limit
+assert torch.isinf((row.half() ** 2).sum(dtype=torch.float16))  # the squares' sum overflows
+print(f"1e-5 in fp16: {eps16.item():.6g}; 1e-8: {tiny.stored:g}; sum of squares at rms "
+      f"{1.1 * overflow_rms:.2f}: inf")
 
 # %% [markdown]
 # ```{dropdown} Answer
-# 1e-5 is subnormal in fp16 but stored as {glue:text}`eps16_stored:.6g`, {glue:text}`eps16_err:.2f`%
-# off; it is absorbed by any mean square from {glue:text}`eps_absorbed16:g` up, in fp16 as in any
-# format once the mean square is large enough. Only much smaller values (1e-8) round to zero. What
-# needs fp32 is the range of the squares (their sum overflows fp16 once the rms passes
-# {glue:text}`overflow_rms:.1f` for $d$ = {glue:text}`norm_d`) and the accumulator of their sum (a
-# 16-bit running sum stalls).
+# The error is "rounds away". 1e-5 is subnormal in fp16 but stored as
+# {glue:text}`eps16_stored:.6g`, {glue:text}`eps16_err:.2f`% off, and it is absorbed by any mean
+# square from {glue:text}`eps_absorbed16:g` up, in fp16 as in any format once the mean square is
+# large enough. Only much smaller values (1e-8) round to zero. What needs fp32 is the range of the
+# squares (their sum overflows fp16 once the rms passes {glue:text}`overflow_rms:.1f` for $d$ =
+# {glue:text}`norm_d`, as the cell computes) and the accumulator of their sum (a 16-bit running sum
+# stalls).
 # ```
 #
-# ### Q3 [Which weights stall?]
+# ### Q3 Which weights stall?
 #
 # A bf16 weight of 0.3 receives AdamW updates of size $10^{-4}$. Does it move? From what magnitude
 # do weights stop moving at that update size?
 
 # %% tags=["hide-cell"]
 th = stall_threshold(0.3, "bf16")
-moves = 1e-4 > th
 limit = next(2.0**k for k in range(-20, 10) if stall_threshold(2.0**k, "bf16") >= 1e-4)
-glue("q3_th", th)
-glue("q3_moves", "it moves" if moves else "it does not move")
-glue("q3_limit", limit)
+assert th == 2.0 ** (-2 - 7) / 2 and stall_threshold(limit / 2, "bf16") < 1e-4
+glue("q3_moves", "it moves" if 1e-4 > th else "it does not move")
+print(f"half the spacing at 0.3: {glue('q3_th', th):.2e}; updates of 1e-4 stall from "
+      f"{glue('q3_limit', limit):g}")
 
 # %% [markdown]
 # ```{dropdown} Answer
-# The spacing of bf16 at 0.3 is $2^{-2-7}$; an update must exceed half of it,
-# {glue:text}`q3_th:.2e`: {glue:text}`q3_moves`. Updates of $10^{-4}$ vanish for every weight of
-# magnitude {glue:text}`q3_limit:g` or more.
+# 0.3 lies in $[2^{-2}, 2^{-1})$, where bf16's 7 mantissa bits space numbers $2^{-2-7}$ apart; an
+# update must exceed half of that, {glue:text}`q3_th:.2e`: {glue:text}`q3_moves`. The threshold
+# doubles with every power of two, so updates of $10^{-4}$ vanish for every weight of magnitude
+# {glue:text}`q3_limit:g` or more.
+# ```
+#
+# ### Q4 (code) The dynamic loss-scale rule
+#
+# Write `loss_scales(finite, init_scale, growth_interval)`: the scale each step multiplies its loss
+# by, given whether each step's gradients came out finite. An overflowing step halves the scale and
+# restarts the count; `growth_interval` finite steps in a row double it. The check runs your
+# function on the overflow pattern of the sawtooth run above and compares it with the scales that
+# run used and with `torch.amp.GradScaler`'s, driven by the same pattern.
+
+# %%
+def loss_scales(finite, init_scale, growth_interval):  # <- your code here
+    """The scale used at each step: a list as long as `finite`."""
+    raise NotImplementedError("write the dynamic loss-scale rule")
+
+
+# %% tags=["hide-cell"]
+# The book's solution (opened on demand). `solved_by` checks the reader's function once it is
+# written, and the book's while it is not.
+def loss_scales_solution(finite, init_scale, growth_interval):
+    scale, in_a_row, used = init_scale, 0, []
+    for ok in finite:
+        used.append(scale)
+        in_a_row = in_a_row + 1 if ok else 0
+        if not ok:
+            scale /= 2
+        elif in_a_row == growth_interval:
+            scale, in_a_row = 2 * scale, 0
+    return used
+
+
+pattern = [r["finite"] for r in trace]
+result, whose = book.solved_by(loss_scales, loss_scales_solution, pattern, 2.0**24,
+                               GROWTH_INTERVAL)
+torch_scales = mp.gradscaler_scales(pattern, init_scale=2.0**24, growth_interval=GROWTH_INTERVAL)
+assert result == torch_scales == [r["scale"] for r in trace]
+glue("q4_steps", len(pattern))
+print(f"checked: {whose} solution gives GradScaler's scale at each of {len(pattern)} steps")
+
+# %% [markdown]
+# ```{dropdown} Answer
+# Keep the scale and a count of finite steps in a row. Each step first records the scale it used;
+# then an overflow halves the scale and resets the count, and a finite step adds one to the count,
+# doubling the scale (and resetting the count) when it reaches `growth_interval`. The hidden cell
+# holds the book's version; over the {glue:text}`q4_steps` steps of the run it gives the same
+# scales as the book's `DynamicLossScaler` and as `torch.amp.GradScaler`.
+# ```
+#
+# ### Q5 A static loss scale from the histogram
+#
+# Take the debug model's gradients of the histogram above. (a) What is the largest power-of-two
+# loss scale that keeps every entry below fp16's max? (b) At that scale, what share of the entries
+# is still subnormal, and what share rounds to zero? (c) What is the smallest power-of-two scale at
+# which no entry rounds to zero, and how many doublings lie between (c) and (a)?
+
+# %% tags=["hide-cell"]
+g_min = min(float(g[g != 0].abs().min()) for g in grads)
+s_max = 2.0 ** math.floor(math.log2(FORMATS["fp16"].max / g_max))
+s_min = 2.0 ** math.floor(math.log2(diagrams.zone_limits("fp16")["underflow"][1] / g_min) + 1)
+at_max = diagrams.zone_shares(grads, "fp16", scale=s_max)
+assert at_max["overflow"] == 0 and diagrams.zone_shares(grads, scale=2 * s_max)["overflow"] > 0
+assert diagrams.zone_shares(grads, scale=s_min)["underflow"] == 0 < diagrams.zone_shares(
+    grads, scale=s_min / 2)["underflow"]
+for name, value in {"q5_gmax": g_max, "q5_smax": mp.power_text(s_max), "q5_gmin": g_min,
+                    "q5_sub": 100 * at_max["subnormal"], "q5_under": 100 * at_max["underflow"],
+                    "q5_smin": mp.power_text(s_min), "q5_window": math.log2(s_max / s_min),
+                    }.items():
+    glue(name, value)
+
+# %% [markdown]
+# ```{dropdown} Answer
+# (a) The largest |gradient| is {glue:text}`q5_gmax:.3g`; $65504 / g_{max}$ rounded down to a
+# power of two gives $S$ = {glue:text}`q5_smax` (one doubling more overflows). (b) At that
+# scale, {glue:text}`q5_sub:.3g`% of the entries are subnormal and {glue:text}`q5_under:.3g`% round
+# to zero (`diagrams.zone_shares`). (c) The smallest non-zero |gradient| is
+# {glue:text}`q5_gmin:.3g`; it must land above $2^{-25}$, which takes
+# $S$ = {glue:text}`q5_smin`: {glue:text}`q5_window:.0f` doublings of room. A static scale
+# works for this batch; as training shrinks the gradients (the sawtooth's lower curve), the window
+# moves, which is why the scale is adapted.
 # ```
 #
 # ## Summary

@@ -18,6 +18,8 @@
 # over NVLink 3 at its full per-direction bandwidth. How much of each step is spent moving
 # gradients, how much of that can hide behind the backward pass, and how much memory does sharding
 # the optimizer state give back, all predicted from the bytes and the links before anything runs?
+#
+# Cheat sheet: {doc}`../book/parallelism_onepager`.
 
 # %% tags=["remove-cell"]
 # Colab or a fresh kernel: install the book's library if it is missing (a no-op in the book's own
@@ -38,23 +40,25 @@ if importlib.util.find_spec("mlsys") is None:
             "repository (`pip install -e .` at its root), then restart the kernel.")
     importlib.invalidate_caches()
 
-# %%
+# %% tags=["remove-input"]
 from mlsys import env
 
 print(env.describe())
 
-# %%
+# %% tags=["hide-cell"]
 import math
 
 import matplotlib.pyplot as plt
+import torch
 from IPython.display import display
 
 from mlsys import experiments, hardware, plotting, third_party
-from mlsys.accounting import activations, buckets, flops, memory
+from mlsys.accounting import activations, buckets, memory
 from mlsys.accounting import comms as comms_cost
 from mlsys.accounting import zero as zero_cost
 from mlsys.accounting.params import count_params
-from mlsys.book import Table, glue, num
+from mlsys.book import Table, glue, num, solved_by
+from mlsys.diagrams import collectives
 from mlsys.distributed import launch
 from mlsys.experiments import allreduce_bench, ddp_step, ddp_step_seed, kit
 from mlsys.models.config import TransformerConfig
@@ -71,12 +75,14 @@ LINK_KEYS = ("nvlink3", "nvlink4", "pcie4", "ib-hdr")
 BUCKET_CAPS_MIB = (0.25, 1, 4, 16, 25, 64, 256, 1_024, 4_096)
 MICRO_BATCHES = (1, 2, 4)
 ZERO_RANKS, RECIPE = 8, "bf16_mixed_adamw"
-# Checks (run live): the hand-written ring on a few gloo ranks
+# Checks (run live): the ring drawn chunk by chunk, the hand-written ring on a few gloo ranks
+DIAGRAM_RANKS = 4
 RING_RANKS, RING_NUMEL = 3, 999_999
 # Measurements: sizes per profile live with each experiment (lib/mlsys/experiments/)
 ALLREDUCE = env.pick(**allreduce_bench.SIZES)
 STEP = env.pick(**ddp_step.SIZES)
-print(ALLREDUCE, STEP, sep="\n")
+# Exercises: the reader's ring, on unequal chunks of integers
+Q3_RANKS, Q3_NUMEL = 5, 23
 
 # %% [markdown]
 # In data parallelism every rank holds the whole model and runs its own slice of the batch; after
@@ -102,20 +108,32 @@ print(ALLREDUCE, STEP, sep="\n")
 #
 # $$ T_\text{all-reduce} = 2(n-1)\,\alpha + 2\frac{n-1}{n}\frac{M}{\beta}. $$
 #
+# Here is the ring on {glue:text}`ring_n` ranks, run chunk by chunk on tensors in one process
+# (`diagrams.collectives.simulate_ring_all_reduce`, each rank's result checked against the sum):
+
+# %% tags=["hide-input"]
+collectives.draw_ring_all_reduce(DIAGRAM_RANKS)
+plt.show()
+per_byte = comms_cost.collective_cost("all_reduce", 1.0, DIAGRAM_RANKS)
+for name, value in {"ring_n": DIAGRAM_RANKS, "ring_half": DIAGRAM_RANKS - 1,
+                    "ring_ranks": RING_RANKS, "ring_steps": per_byte.steps,
+                    "ring_share": per_byte.sent_bytes}.items():
+    glue(name, value)
+
+# %% [markdown]
+# A row is a rank; a column is what it holds before a step; a box is one chunk, with the number of
+# ranks whose parts it sums. In the reduce-scatter, each rank sends its outlined chunk to its
+# right-hand neighbour, which adds it to its own: the counts climb by one a step along a diagonal,
+# and after {glue:text}`ring_half` steps rank $r$ holds chunk $r+1$ summed over every rank
+# (green). The all-gather passes the green chunks on round the ring, each one replacing a partial
+# sum, until every rank holds all of them. In {glue:text}`ring_steps` steps each rank sent one
+# chunk of $M/n$ per step, {glue:text}`ring_share:.2f` $M$ in all: $2\frac{n-1}{n}M$.
+#
 # `accounting.comms.collective_cost` tabulates every collective (bytes sent per rank for a message
 # of $M$ bytes, as nccl-tests names it):
 
-# %%
-coll_rows = []
-for name in comms_cost.COLLECTIVES:
-    two, eight = comms_cost.collective_cost(name, 1.0, 2), comms_cost.collective_cost(name, 1.0, 8)
-    coll_rows.append([name.replace("_", "-"), f"{two.sent_bytes:.3g}", f"{eight.sent_bytes:.3g}",
-                      f"{eight.bus_factor:.3g}", eight.steps])
-ar8, rs8, ag8 = (comms_cost.collective_cost(c, 1.0, 8) for c in ("all_reduce", "reduce_scatter",
-                                                        "all_gather"))
-assert ar8.sent_bytes == rs8.sent_bytes + ag8.sent_bytes and ar8.steps == rs8.steps + ag8.steps
-Table(["collective", "sent per rank / M (n = 2)", "(n = 8)", "bus factor (n = 8)",
-       "ring steps (n = 8)"], coll_rows)
+# %% tags=["hide-input"]
+allreduce_bench.collectives_table(ranks=(2, 8))
 
 # %% [markdown]
 # A measured time gives two bandwidths. The **algorithm bandwidth** $M/T$ falls as $n$ grows,
@@ -129,13 +147,9 @@ Table(["collective", "sent per rank / M (n = 2)", "(n = 8)", "bus factor (n = 8)
 # fitted to their four 2-rank rows (`accounting.comms.fit_alpha_beta`, least squares on relative
 # errors):
 
-# %%
+# %% tags=["hide-input"]
 seed_fit = allreduce_bench.third_party_fit()
-ar_rows = allreduce_bench.third_party_rows()
-for r in ar_rows:  # their "GB/s": the bus bandwidth in GiB/s, to the rounding of their times
-    claimed = comms_cost.claimed_effective_gb_per_s(r["message_bytes"], r["mean_s"],
-                                                    r["world_size"])
-    assert abs(claimed / r["claimed_gb_per_s"] - 1) < 6e-3
+ar_rows = allreduce_bench.third_party_rows()  # asserts: their "GB/s" are busbw in GiB/s
 nvlink3 = hardware.LINKS["nvlink3"]
 assert nvlink3.bytes_per_s == SEED_GPU.interconnect_bytes_per_s
 glue("ar_source", third_party.SOURCE_CS336_STUDENT_ALLREDUCE)
@@ -158,7 +172,7 @@ allreduce_bench.third_party_table(ar_rows)
 # The one-pager writes the ring's time as $2\frac{N-1}{N}M/\text{BW} + \alpha(N-1)$, and adds "for
 # large M, time ≈ 2M/BW". With the α and β just fitted:
 
-# %%
+# %% tags=["hide-input"]
 ab = {"alpha_s": seed_fit.alpha_s, "bytes_per_s": seed_fit.bytes_per_s}
 two_gib = comms_cost.collective_time_s("all_reduce", GIB, 2, **ab)
 large_2gib = comms_cost.claimed_large_message_all_reduce_s(GIB, seed_fit.bytes_per_s)
@@ -179,7 +193,7 @@ allreduce_bench.third_party_formulas(seed_fit, ranks=(2, 8, 64), sizes=(MIB, GIB
 # them one by one after the backward (a latency term per tensor); flat DDP copies them into one
 # buffer and all-reduces it once. Predicted with the seed's fitted α and each link's spec:
 
-# %%
+# %% tags=["hide-input"]
 cfg = TransformerConfig.preset(PRESET)
 n_params = count_params(cfg)
 xl_sizes = ddp_step_seed.grad_bytes(PRESET)  # fp32 gradients, from the model on the meta device
@@ -200,7 +214,7 @@ ddp_step_seed.link_table(xl_sizes, LINK_KEYS, alpha_s=seed_fit.alpha_s, world=WO
 # is ready (`accounting.buckets.overlap_exposed_s`, gradients arriving at a steady rate over their
 # backward):
 
-# %%
+# %% tags=["hide-input"]
 xl_rows = ddp_step_seed.third_party_rows()
 overlap_run = xl_rows[0]  # a run whose mode was not printed: overlapped
 glue("ddp_source", third_party.SOURCE_CS336_STUDENT_DDP)
@@ -229,38 +243,42 @@ ddp_step_seed.third_party_table(xl_rows)
 # they end no earlier than first-ready + their total time, and small buckets pay α many times. The
 # exposed time is at least the larger of the two (equal to it for equal buckets). On the seed's
 # A100s their backward of {glue:text}`xl_bwd_ms:.0f` ms hides everything but the tail. The same step
-# in bf16 on two H100s (NVLink 4, a backward at the bf16 peak, the seed's α) is another matter:
+# in bf16 on two H100s (NVLink 4, a backward at the bf16 peak, the seed's α) is another matter.
+# Here is its schedule for three choices: the schedule behind `buckets.overlap_exposed_s`, written
+# out bucket by bucket (`buckets.overlap_schedule`):
 
-# %%
-ready = xl_sizes[::-1]  # the backward meets the last layers first
-fast_sizes = [b // 2 for b in ready]  # bf16
-bwd_fast = 2 * flops.transformer_flops(cfg, XL_BATCH, XL_SEQ).forward_matmul_flops / \
-    FAST.peak_flop_per_s("bf16")
-caps = [c * MIB for c in BUCKET_CAPS_MIB]
-fast_model, pcie = ({"alpha_s": seed_fit.alpha_s, "bytes_per_s": hardware.LINKS[k].bytes_per_s}
-                    for k in ("nvlink4", "pcie5"))
-sweep = {"seed: 2 A100s, fp32, their backward": buckets.bucket_sweep(
-             ready, overlap_run["backward_s"], WORLD, caps_bytes=caps, **ab),
-         "2 H100s, bf16, backward at peak": buckets.bucket_sweep(
-             fast_sizes, bwd_fast, WORLD, caps_bytes=caps, **fast_model)}
-assert all(p.exposed_s >= max(p.tail_s, p.queue_s) * (1 - 1e-9) for s in sweep.values() for p in s)
-fast_sweep = sweep["2 H100s, bf16, backward at peak"]
-best_s = min(p.exposed_s for p in fast_sweep)
-assert best_s < min(fast_sweep[0].exposed_s, fast_sweep[-1].exposed_s)  # neither extreme is best
-valley = [p.cap_bytes / MIB for p in fast_sweep if p.exposed_s <= 1.01 * best_s]
-assert 25 in valley and math.isclose(best_s, comms_cost.collective_time_s(  # the tail: the
-    "all_reduce", fast_sizes[-1], WORLD, **fast_model))  # embedding's gradient
-_, pcie_s = buckets.best_bucket_cap(fast_sizes, bwd_fast, WORLD, caps_bytes=caps, **pcie)
-assert pcie_s > comms_cost.all_reduces_s([sum(fast_sizes)], WORLD, **pcie) - bwd_fast  # queue
-fast_comm = comms_cost.all_reduces_s([sum(fast_sizes)], WORLD, **fast_model)
-for name, value in {"bwd_fast_ms": bwd_fast * 1e3, "pcie_best_ms": pcie_s * 1e3,
-                    "fast_comm_ms": fast_comm * 1e3,
-                    "valley": " to ".join(dict.fromkeys(num(c) for c in (valley[0], valley[-1]))),
-                    "best_ms": best_s * 1e3}.items():
+# %% tags=["hide-input"]
+fast = ddp_step_seed.bf16_case(FAST, XL_BATCH, XL_SEQ)  # gradients, backward, links
+sizes, bwd, nvlink4 = fast["sizes"], fast["backward_s"], fast["links"]["nvlink4"]
+shown = {"NVLink 4, 1 GiB buckets": (GIB, nvlink4), "NVLink 4, 25 MiB buckets": (25 * MIB, nvlink4),
+         "PCIe Gen5, 25 MiB buckets": (25 * MIB, fast["links"]["pcie5"])}
+fig, axes = plotting.subplots(len(shown), 1, width=8.0, height=6.6)
+for i, (ax, (name, (cap, link))) in enumerate(zip(axes, shown.items(), strict=True)):
+    collectives.draw_ddp_overlap(sizes, cap, bwd, WORLD, **link, ax=ax,
+                                 title=f"xl on 2 H100s, bf16: {name}")
+    glue(f"overlap_{i}_ms", 1e3 * buckets.overlap_exposed_s(buckets.bucket_bytes(sizes, cap),
+                                                            bwd, WORLD, **link))
+plt.show()
+last_gib = comms_cost.collective_time_s("all_reduce", buckets.bucket_bytes(sizes, GIB)[-1],
+                                        WORLD, **nvlink4)
+assert math.isclose(buckets.overlap_exposed_s(buckets.bucket_bytes(sizes, GIB), bwd, WORLD,
+                                              **nvlink4), last_gib)  # the whole last bucket
+
+# %% [markdown]
+# The backward's lane is coloured by the bucket that each stretch of it fills; below it, each
+# bucket's all-reduce starts once the bucket is full and the one before it is done. With 1 GiB
+# buckets the all-reduces start late, and the whole last one, {glue:text}`overlap_0_ms:.2f` ms, is
+# left after the backward. With 25 MiB buckets they keep pace with the backward and leave
+# {glue:text}`overlap_1_ms:.2f` ms, the last small bucket's. Over PCIe Gen5 the link cannot keep up
+# with the same buckets: they queue, and {glue:text}`overlap_2_ms:.1f` ms are left. Over a sweep
+# of caps:
+
+# %% tags=["hide-input"]
+sweep, sweep_numbers = ddp_step_seed.bucket_sweeps([c * MIB for c in BUCKET_CAPS_MIB], fast,
+                                                   overlap_run["backward_s"])  # asserts the text
+for name, value in sweep_numbers.items():
     glue(name, value)
-Table(["cap MiB", "buckets", "tail ms", "queue ms", "exposed ms (H100s, bf16)"],
-      [[num(p.cap_bytes / MIB), p.buckets, num(p.tail_s * 1e3), num(p.queue_s * 1e3),
-        num(p.exposed_s * 1e3)] for p in fast_sweep])
+ddp_step_seed.sweep_table(sweep["2 H100s, bf16, backward at peak"])
 
 # %% tags=["remove-input"]
 fig, ax = plotting.subplots(width=8.0, height=3.8)
@@ -284,7 +302,7 @@ plt.show()
 # price. The `.grad` buffers exist with or without accumulation; what changes is the activations,
 # saved for one micro-batch at a time (`xl`, {glue:text}`acc_batch` sequences per GPU):
 
-# %%
+# %% tags=["hide-input"]
 saved_k = {k: activations.saved_bytes(cfg, XL_BATCH // k, XL_SEQ).total_bytes
            for k in MICRO_BATCHES}
 sent_k = {(k, s): comms_cost.accumulation_sent_bytes(grad_bytes, WORLD, k, sync_each_micro_batch=s)
@@ -307,32 +325,29 @@ Table(["micro-batches K", "sent per optimizer step, no_sync (GB)", "syncing each
 # AdamW, per GPU, with the bf16 activations of {glue:text}`acc_batch` × {glue:text}`xl_seq` tokens
 # (SDPA attention), which no stage shards:
 
-# %%
+# %% tags=["hide-input"]
 seed_states = {s: zero_cost.zero_memory_bytes(n_params, WORLD, s, "fp32_adamw")
                for s in zero_cost.STAGES}
 assert seed_states[0] - seed_states[1] == 4 * n_params  # half of AdamW's 8 B/param, per GPU
-glue("q_given_back_gb", (seed_states[0] - seed_states[1]) / 1e9)
-glue("seed_stage0_gb", seed_states[0] / 1e9)
-glue("zero_ranks", ZERO_RANKS)
-glue("xl_seq", XL_SEQ)
-acts = activations.saved_bytes(cfg, XL_BATCH, XL_SEQ, dtype="bf16", attention="sdpa")
+acts = activations.saved_bytes(cfg, XL_BATCH, XL_SEQ, dtype="bf16", attention="sdpa").total_bytes
 where = {s: zero_cost.zero_memory_breakdown(n_params, ZERO_RANKS, s, RECIPE)
          for s in zero_cost.STAGES}
-assert math.isclose(sum(where[3].values()), 16 * n_params / ZERO_RANKS)
-for s in (0, 3):
-    glue(f"zero8_s{s}_gb", (sum(where[s].values()) + acts.total_bytes) / 1e9)
-glue("acts_gb", acts.total_bytes / 1e9)
-Table(["stage", "2 GPUs, fp32 AdamW (GB)", *(f"{ZERO_RANKS} GPUs: {k} (GB)" for k in where[0]),
-       "activations (GB)", f"{ZERO_RANKS} GPUs: total (GB)"],
-      [[s, num(seed_states[s] / 1e9), *(num(v / 1e9) for v in where[s].values()),
-        num(acts.total_bytes / 1e9), num((sum(where[s].values()) + acts.total_bytes) / 1e9)]
-       for s in zero_cost.STAGES])
+states = {s: sum(where[s].values()) for s in zero_cost.STAGES}
+assert math.isclose(states[3], 16 * n_params / ZERO_RANKS)
+for name, value in {"q_given_back_gb": (seed_states[0] - seed_states[1]) / 1e9,
+                    "seed_stage0_gb": seed_states[0] / 1e9, "zero_ranks": ZERO_RANKS,
+                    "xl_seq": XL_SEQ, "zero8_s0_gb": (states[0] + acts) / 1e9,
+                    "zero8_s3_gb": (states[3] + acts) / 1e9, "acts_gb": acts / 1e9}.items():
+    glue(name, value)
+Table(["stage", "2 GPUs, fp32 AdamW (GB)", f"{ZERO_RANKS} GPUs: model states (GB)",
+       "+ activations (GB)"], [[s, num(seed_states[s] / 1e9), num(states[s] / 1e9),
+                                num((states[s] + acts) / 1e9)] for s in zero_cost.STAGES])
 
 # %% tags=["remove-input"]
 fig, ax = plotting.subplots(width=7.0, height=3.6)
 plotting.stacked_bars(ax, [f"stage {s}" for s in zero_cost.STAGES],
                       {**{k: [where[s][k] / 1e9 for s in zero_cost.STAGES] for k in where[0]},
-                       "activations": [acts.total_bytes / 1e9] * len(zero_cost.STAGES)},
+                       "activations": [acts / 1e9] * len(zero_cost.STAGES)},
                       ylabel="GB per GPU")
 plotting.finish(ax, title=f"xl on {ZERO_RANKS} GPUs, {RECIPE}, where the memory goes")
 plt.show()
@@ -346,22 +361,11 @@ plt.show()
 # weights: $\frac{n-1}{n}M$ each, data parallelism's $2\frac{n-1}{n}M$ in total. Stage 3 gathers
 # the weights twice (forward and backward): 1.5×. The seed's one-pager gives other figures:
 
-# %%
-model_bytes, optimizer_bytes = 4 * n_params, 8 * n_params  # fp32 gradients and AdamW moments
-right = {s: sum(zero_cost.zero_sent_bytes(n_params, ZERO_RANKS, s).values())
-         for s in zero_cost.STAGES}
-claim = {s: zero_cost.claimed_zero_sent_bytes(s, model_bytes, ZERO_RANKS, n_layers=cfg.n_layers,
-                                              optimizer_bytes=optimizer_bytes)
-         for s in zero_cost.STAGES}
-assert right[1] == right[2] == right[0] and math.isclose(right[3], 1.5 * right[0])
-assert claim[1] > 2 * right[0] and claim[2] < right[0] and claim[3] > 2 * right[3]
-glue("claim_s1", claim[1] / right[0])
-glue("claim_s2", claim[2] / right[0])
-glue("claim_s3", claim[3] / right[0])
-Table(["stage", "sent per GPU per step (GB)", "× data parallelism", "seed's formula (GB)",
-       "seed / right"],
-      [[s, num(right[s] / 1e9), f"{right[s] / right[0]:.2f}", num(claim[s] / 1e9),
-        f"{claim[s] / right[s]:.2f}"] for s in zero_cost.STAGES])
+# %% tags=["hide-input"]
+zero_numbers, zero_table = ddp_step_seed.zero_traffic(n_params, ZERO_RANKS, cfg.n_layers)
+for name, value in zero_numbers.items():
+    glue(name, value)
+zero_table
 
 # %% [markdown]
 # The seed's stage 1 all-reduces the gradients *and* gathers the optimizer state
@@ -384,15 +388,7 @@ Table(["stage", "sent per GPU per step (GB)", "× data parallelism", "seed's for
 
 # %%
 ring = launch.run(allreduce_bench.ring_check, RING_RANKS, args=(RING_NUMEL,), timeout_s=120)
-ring_pred = comms_cost.collective_cost("all_reduce", 4 * RING_NUMEL, RING_RANKS).sent_bytes
-for out in ring:
-    assert out["max_abs_diff"] < 1e-5 and out["ring_sent_bytes"] == ring_pred
-    assert out["ring_calls"] == {"isend": 2 * (RING_RANKS - 1), "recv": 2 * (RING_RANKS - 1)}
-glue("ring_ranks", RING_RANKS)
-Table(["rank", "max |ring - all_reduce|", "ring sent (MB)", "2(n-1)/n M (MB)", "calls"],
-      [[r, f"{o['max_abs_diff']:.1e}", num(o["ring_sent_bytes"] / 1e6), num(ring_pred / 1e6),
-        ", ".join(f"{k} × {v}" for k, v in o["ring_calls"].items())]
-       for r, o in enumerate(ring)])
+allreduce_bench.ring_table(ring, RING_NUMEL)  # asserts each rank's sum, bytes and calls first
 
 # %% [markdown]
 # Equal to rounding (the additions happen in another order), and exactly the bytes of the
@@ -423,6 +419,8 @@ Table(["rank", "max |ring - all_reduce|", "ring sent (MB)", "2(n-1)/n M (MB)", "
 
 # %%
 ar_live = allreduce_bench.run(ALLREDUCE)
+
+# %% tags=["hide-input"]
 for name, text in allreduce_bench.verdicts(ar_live).items():
     glue(f"ar_live_{name}", text)
 allreduce_bench.table(ar_live)
@@ -443,6 +441,8 @@ kit.draw(allreduce_bench.plot, ar_live, ncols=2, width=11.0, height=4.0)
 
 # %%
 step_rows = ddp_step.run(STEP)
+
+# %% tags=["hide-input"]
 for name, text in ddp_step.verdicts(step_rows).items():
     glue(f"step_{name}", text)
 glue("step_torch_target", ddp_step.torch_target(step_rows))
@@ -466,7 +466,7 @@ kit.draw(ddp_step.plot, step_rows, width=8.0, height=3.8)
 # micro-batches, and takes a step of ZeRO stages 0–2, reading what each rank holds from its
 # tensors:
 
-# %%
+# %% tags=["hide-input"]
 display(ddp_step.bucket_table(step_rows), ddp_step.accumulation_table(step_rows))
 ddp_step.zero_table(step_rows)
 
@@ -482,21 +482,18 @@ ddp_step.zero_table(step_rows)
 # all-reduces of {glue:text}`gpu_sizes` MiB on {glue:text}`gpu_ranks` GPUs where the machine has
 # them, and the {glue:text}`gpu_preset` preset's DDP step on {glue:text}`gpu_world` GPUs. A machine
 # with one GPU records one-rank rows (an all-reduce over one rank crosses no link) and a row saying
-# why: those measure the step's phases and the memory, not the link. Every record present, through
-# the same functions:
+# why: those measure the step's phases and the memory, not the link. Every record present is shown
+# below through the same functions as the live run. {glue:text}`missing_records`
 
-# %%
+# %% tags=["hide-input"]
 gpu_ar, gpu_step = allreduce_bench.SIZES["gpu"], ddp_step.SIZES["gpu"]
-glue("gpu_sizes", " to ".join(num(m / MIB) for m in (gpu_ar.message_bytes[0],
-                                                       gpu_ar.message_bytes[-1])))
-glue("gpu_ranks", ", ".join(str(w) for w in gpu_ar.world_sizes))
-glue("gpu_preset", gpu_step.preset)
-glue("gpu_world", gpu_step.world_size)
-experiments.show_recorded("allreduce_bench",
-                          show=lambda record: allreduce_bench.verdicts(record["results"]))
-experiments.show_recorded("ddp_step", tables=[ddp_step.table, ddp_step.bucket_table,
-                                              ddp_step.accumulation_table, ddp_step.zero_table],
-                          show=lambda record: ddp_step.verdicts(record["results"]))
+for name, value in {"gpu_sizes": f"{num(gpu_ar.message_bytes[0] / MIB)} to "
+                                 f"{num(gpu_ar.message_bytes[-1] / MIB)}",
+                    "gpu_ranks": ", ".join(map(str, gpu_ar.world_sizes)),
+                    "gpu_preset": gpu_step.preset, "gpu_world": gpu_step.world_size}.items():
+    glue(name, value)
+missing = glue("missing_records", experiments.show_records(("allreduce_bench", "ddp_step"),
+                                                          **ddp_step.record_views()))
 
 # %% [markdown]
 # ```{admonition} Takeaway
@@ -511,13 +508,14 @@ experiments.show_recorded("ddp_step", tables=[ddp_step.table, ddp_step.bucket_ta
 #
 # ## Exercises
 #
-# ### Q1 [xl on 8 and 16 H100s]
+# ### Q1 (multi-step) xl on 8 and 16 H100s
 #
 # The `xl` preset, mixed-precision AdamW, bf16 gradients and weights on the wire. (a) What does
 # each GPU hold in model states at stages 0–3 on 8 GPUs? (b) How many bytes does each GPU send per
-# step at each stage? (c) How long does the stage-0 all-reduce take, bandwidth term only, in one
-# DGX H100 node (8 GPUs) and across two (16)? (d) On 8 H100s, what is the largest model whose
-# model states fit at each stage (activations aside)?
+# step at each stage? (c) With (b)'s stage-0 bytes, how long does the all-reduce take, bandwidth
+# term only, in one DGX H100 node (8 GPUs), and across two (16)? (d) With (a)'s bytes per
+# parameter, what is the largest model whose model states fit in 8 H100s at each stage
+# (activations aside)?
 
 # %% tags=["hide-cell"]
 dgx, n8 = hardware.get_cluster("dgx-h100"), ZERO_RANKS
@@ -530,28 +528,36 @@ q1_max = {s: math.floor(FAST.hbm_bytes / zero_cost.zero_memory_bytes(1, n8, s, R
           for s in zero_cost.STAGES}
 assert q1_max[3] == memory.max_trainable_params(n8, FAST.hbm_bytes, RECIPE)  # 16 B/param / n
 assert q1_t[16] > 8 * q1_t[8] and q1_sent[3] == 1.5 * q1_sent[0]
+assert math.isclose(q1_t[8], q1_sent[0] / dgx.ring_link(8).bytes_per_s)  # (c) from (b)
+glue("q1_t8", q1_t[8] * 1e3)
+glue("q1_t16", q1_t[16] * 1e3)
+glue("q1_nvlink_gb", dgx.ring_link(8).bytes_per_s / 1e9)
+glue("q1_ib_gb", dgx.ring_link(16).bytes_per_s / 1e9)
+glue("q1_ib", dgx.ring_link(16).name)
 for s in zero_cost.STAGES:
     glue(f"q1_mem_{s}", q1_mem[s] / 1e9)
     glue(f"q1_sent_{s}", q1_sent[s] / 1e9)
     glue(f"q1_max_{s}", q1_max[s] / 1e9)
-glue("q1_t8", q1_t[8] * 1e3)
-glue("q1_t16", q1_t[16] * 1e3)
-glue("q1_ib", dgx.ring_link(16).name)
 
 # %% [markdown]
 # ```{dropdown} Answer
-# (a) {glue:text}`q1_mem_0:.1f`, {glue:text}`q1_mem_1:.1f`, {glue:text}`q1_mem_2:.1f` and
-# {glue:text}`q1_mem_3:.1f` GB for $\Psi$ parameters: $16\Psi$, $4\Psi + 12\Psi/8$,
-# $2\Psi + 14\Psi/8$ and $16\Psi/8$.
-# (b) {glue:text}`q1_sent_0:.2f` GB at stages 0, 1 and 2 ({glue:text}`q1_sent_1:.2f` and
-# {glue:text}`q1_sent_2:.2f`), {glue:text}`q1_sent_3:.2f` GB at stage 3. (c)
-# {glue:text}`q1_t8:.1f` ms over NVLink 4; across two nodes the ring crosses the slowest link,
-# {glue:text}`q1_ib`: {glue:text}`q1_t16:.0f` ms. (d) {glue:text}`q1_max_0:.1f`,
+# (a) For $\Psi$ parameters: $16\Psi$ at stage 0, $4\Psi + 12\Psi/8$ at stage 1 (bf16 weights
+# and gradients whole, the fp32 master weights and moments sharded), $2\Psi + 14\Psi/8$ at stage 2
+# and $16\Psi/8$ at stage 3: {glue:text}`q1_mem_0:.1f`, {glue:text}`q1_mem_1:.1f`,
+# {glue:text}`q1_mem_2:.1f` and {glue:text}`q1_mem_3:.1f` GB.
+# (b) Stages 0–2 move the bf16 gradients' $2\frac{n-1}{n}M$ with $M = 2\Psi$:
+# {glue:text}`q1_sent_0:.2f` GB ({glue:text}`q1_sent_1:.2f` and {glue:text}`q1_sent_2:.2f` GB at
+# stages 1 and 2); stage 3 gathers the weights twice and reduce-scatters once,
+# {glue:text}`q1_sent_3:.2f` GB.
+# (c) (b)'s {glue:text}`q1_sent_0:.2f` GB at NVLink 4's {glue:text}`q1_nvlink_gb:.0f` GB/s per
+# direction: {glue:text}`q1_t8:.1f` ms. Across two nodes the ring crosses the slowest link,
+# {glue:text}`q1_ib` at {glue:text}`q1_ib_gb:.0f` GB/s: {glue:text}`q1_t16:.0f` ms.
+# (d) 8 × 80 GB divided by (a)'s bytes per parameter: {glue:text}`q1_max_0:.1f`,
 # {glue:text}`q1_max_1:.1f`, {glue:text}`q1_max_2:.1f` and {glue:text}`q1_max_3:.1f` billion
-# parameters: only stage 3 grows with the number of GPUs without bound.
+# parameters. Only stage 3 grows with the number of GPUs without bound.
 # ```
 #
-# ### Q2 [Find the error]
+# ### Q2 (find the error) More GPUs, more GB/s
 #
 # "The seed's all-reduce of 1,024 MiB reached {glue:text}`q2_claim_2` GB/s on 2 GPUs and
 # {glue:text}`q2_claim_6` GB/s on 6: more GPUs use the links better, so the 6-GPU all-reduce
@@ -576,6 +582,103 @@ for n in (2, 6):
 # on 2 GPUs, {glue:text}`q2_ms_6:.2f` ms on 6; the algorithm bandwidths are
 # {glue:text}`q2_algbw_2:.0f` and {glue:text}`q2_algbw_6:.0f` GB/s. Each rank sends
 # $2\frac{n-1}{n}M$, which grows with $n$.
+# ```
+#
+# ### Q3 (code) Write the ring all-reduce
+#
+# Write `ring_all_reduce(buffers)`: `buffers` holds one 1-D tensor per rank, and the function
+# returns what each rank holds after an all-reduce, as `torch.distributed.all_reduce` leaves it
+# (the sum on every rank), without changing the inputs. Build it from the two halves of the
+# figure above: cut each buffer into $n$ chunks (`tensor_split`); in each of $n-1$
+# reduce-scatter steps, every rank sends one chunk to its right-hand neighbour, which adds it to
+# its own; in each of $n-1$ all-gather steps, every rank sends a finished chunk on, which the
+# neighbour copies. The ranks send at the same time, so take all of a step's messages before
+# anyone adds. Which chunk does rank $r$ send at step $s$ of each half? The check uses
+# {glue:text}`q3_n` ranks of {glue:text}`q3_numel` integers: the chunks are unequal, and the sum is
+# exact.
+
+# %%
+def ring_all_reduce(buffers):  # <- your code here
+    """Each rank's tensor after a ring all-reduce of `buffers` (one 1-D tensor per rank)."""
+    raise NotImplementedError("write the reduce-scatter, then the all-gather")
+
+
+# %% tags=["hide-cell"]
+# The book's solution (opened on demand). `solved_by` checks the reader's function once it is
+# written, and the book's while it is not, against the sum, on every rank.
+def ring_all_reduce_solution(buffers):
+    n = len(buffers)
+    chunks = [list(b.clone().tensor_split(n)) for b in buffers]  # views of each rank's copy
+    for s in range(n - 1):  # reduce-scatter: rank r passes chunk r - s on, its neighbour adds it
+        sent = [chunks[r][(r - s) % n].clone() for r in range(n)]
+        for r in range(n):
+            chunks[r][(r - 1 - s) % n].add_(sent[r - 1])
+    for s in range(n - 1):  # all-gather: rank r passes its finished chunk r + 1 - s on
+        sent = [chunks[r][(r + 1 - s) % n].clone() for r in range(n)]
+        for r in range(n):
+            chunks[r][(r - s) % n].copy_(sent[r - 1])
+    return [torch.cat(c) for c in chunks]
+
+
+gen = torch.Generator().manual_seed(0)
+q3_in = [torch.randint(-999, 1000, (Q3_NUMEL,), generator=gen) for _ in range(Q3_RANKS)]
+q3_copies = [b.clone() for b in q3_in]
+q3_out, whose = solved_by(ring_all_reduce, ring_all_reduce_solution, q3_in)
+assert len(q3_out) == Q3_RANKS and all(torch.equal(x, sum(q3_copies)) for x in q3_out)
+assert all(torch.equal(b, c) for b, c in zip(q3_in, q3_copies, strict=True))  # inputs unchanged
+q3_trace = collectives.simulate_ring_all_reduce(q3_in)  # the library's ring counts the bytes
+assert sum(q3_trace.sent_bytes) == 2 * (Q3_RANKS - 1) * q3_in[0].nbytes  # each chunk 2(n-1) times
+for name, value in {"q3_n": Q3_RANKS, "q3_numel": Q3_NUMEL,
+                    "q3_chunks": ", ".join(str(len(c)) for c in q3_in[0].tensor_split(Q3_RANKS)),
+                    "q3_sent": ", ".join(str(b // 8) for b in q3_trace.sent_bytes)}.items():
+    glue(name, value)
+print(f"checked: {whose} solution, every rank holds the sum, the inputs are unchanged")
+
+# %% [markdown]
+# ```{dropdown} Answer
+# Number the steps of each half $s = 0 \ldots n-2$. In the reduce-scatter, rank $r$ sends chunk
+# $(r-s) \bmod n$ and adds the chunk $(r-s-1) \bmod n$ arriving from its left, which has then
+# passed through $s+2$ ranks; after $n-1$ steps rank $r$ holds chunk $(r+1) \bmod n$ complete. In
+# the all-gather, rank $r$ sends chunk $(r+1-s) \bmod n$, finished or just received, and its
+# neighbour copies it over its partial sum. With {glue:text}`q3_n` ranks and
+# {glue:text}`q3_numel` elements the chunks have {glue:text}`q3_chunks` elements, so the ranks
+# send {glue:text}`q3_sent` elements each: every chunk crosses $2(n-1)$ links, and with equal
+# chunks each rank sends $2\frac{n-1}{n}M$. `distributed.comms.ring_all_reduce` (above) is the
+# same two loops with `isend` and `recv` between processes.
+# ```
+#
+# ### Q4 Reading the ring
+#
+# In the figure of the ring on {glue:text}`ring_n` ranks: (a) which chunk does rank 2 hold
+# complete after the reduce-scatter, and which rank holds chunk 0 complete? (b) A 1 GiB fp32
+# gradient on 8 ranks: how many bytes does each rank send in the reduce-scatter, and in the whole
+# all-reduce? (c) How many steps does it take, and how much of its time is latency at the seed's
+# fitted α?
+
+# %% tags=["hide-cell"]
+q4_trace = collectives.simulate_ring_all_reduce([torch.ones(DIAGRAM_RANKS)] * DIAGRAM_RANKS)
+q4_holds = q4_trace.steps[DIAGRAM_RANKS - 1].holds  # before the first all-gather step
+q4_done = {r: c for r in range(DIAGRAM_RANKS) for c in range(DIAGRAM_RANKS)
+           if len(q4_holds[r][c]) == DIAGRAM_RANKS}
+q4_rs, q4_ar = (comms_cost.collective_cost(c, GIB, 8) for c in ("reduce_scatter", "all_reduce"))
+glue("q4_rank2", q4_done[2])
+glue("q4_chunk0", q4_done[DIAGRAM_RANKS - 1])
+glue("q4_rs_mib", q4_rs.sent_bytes / MIB)
+glue("q4_ar_mib", q4_ar.sent_bytes / MIB)
+glue("q4_steps", q4_ar.steps)
+glue("q4_latency_us", q4_ar.steps * seed_fit.alpha_s * 1e6)
+glue("q4_latency_share", 100 * q4_ar.steps * seed_fit.alpha_s / comms_cost.time_s(q4_ar, **ab))
+assert q4_done[2] == 3 and q4_done[DIAGRAM_RANKS - 1] == 0  # chunk r + 1 on rank r
+assert q4_ar.sent_bytes == 2 * q4_rs.sent_bytes == 2 * 7 / 8 * GIB and q4_ar.steps == 14
+
+# %% [markdown]
+# ```{dropdown} Answer
+# (a) Rank $r$ finishes chunk $(r+1) \bmod n$: rank 2 holds chunk {glue:text}`q4_rank2`, and
+# chunk 0 is finished on rank {glue:text}`q4_chunk0`, the last. (b) The reduce-scatter sends
+# $n-1$ chunks of $M/n$: {glue:text}`q4_rs_mib:.0f` MiB; the all-gather as many again,
+# {glue:text}`q4_ar_mib:.0f` MiB in all. (c) {glue:text}`q4_steps` steps, each paying α:
+# {glue:text}`q4_latency_us:.0f` µs, {glue:text}`q4_latency_share:.1f`% of the time of 1 GiB at
+# the seed's fitted β; for a message of a few kilobytes, almost all of it.
 # ```
 #
 # ## Summary

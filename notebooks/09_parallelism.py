@@ -17,6 +17,8 @@
 # state. How do sharding (FSDP), tensor, pipeline and context parallelism split the memory, the
 # compute and the communication, and what is the smallest batch that keeps every device
 # compute-bound?
+#
+# Cheat sheet: {doc}`../book/parallelism_onepager`.
 
 # %% tags=["remove-cell"]
 # Colab or a fresh kernel: install the book's library if it is missing (a no-op in the book's own
@@ -37,22 +39,23 @@ if importlib.util.find_spec("mlsys") is None:
             "repository (`pip install -e .` at its root), then restart the kernel.")
     importlib.invalidate_caches()
 
-# %%
+# %% tags=["remove-input"]
 from mlsys import env
 
 print(env.describe())
 
-# %%
+# %% tags=["hide-input"]
 import math
 
 import matplotlib.pyplot as plt
 
-from mlsys import experiments, hardware, plotting, tables
-from mlsys.accounting import comms, memory, parallel, parallel_traffic, planner
+from mlsys import book, experiments, hardware, plotting, tables
+from mlsys.accounting import comms, memory, parallel, parallel_traffic, pipeline, planner
 from mlsys.accounting import compute_bound as CB
 from mlsys.accounting.flops import transformer_flops
 from mlsys.accounting.pipeline import bubble_fraction
 from mlsys.book import Table, glue, num
+from mlsys.diagrams import parallel as diagrams
 from mlsys.distributed import check
 from mlsys.experiments import parallel_step
 from mlsys.models.config import TransformerConfig
@@ -63,16 +66,15 @@ XXL, TPU, GPU = parallel.XXL, hardware.TPU_V5P, hardware.H100_SXM
 LINK = hardware.LINKS["ici-v5p-axis"]  # W_ici: one mesh axis, both directions
 X_FSDP, Y_TP, M_X, M_Y = 16, 4, 2, 1
 TOKENS_PER_DEVICE = (0, 512, 1_024, 2_048, 4_096, 8_192)  # part (b): the seed gives no batch
-# The planner's examples
 PLAN_PRESET, PLAN_CLUSTER, PLAN_DEVICES, PLAN_BATCH, PLAN_SEQ = "2.7B", "dgx-h100", 64, 256, 4_096
-PLAN_EFFICIENCY = 0.5  # assumed share of the peak the kernels reach (the planner's only fudge)
+PLAN_EFFICIENCY = 0.5  # the planner's examples: assumed share of the peak the kernels reach
 MAP_DEVICES = 8  # the decision tree's map: one DGX H100 node, these batches and lengths
 MAP_BATCHES = (1, 2, 4, 8, 16, 64, 256)
 MAP_SEQS = (1_024, 4_096, 16_384, 65_536, 131_072)
-# Checks on CPU ranks (a tiny copy of the book's model) and the measured experiment
+TP_DEGREE, TP_TOKENS, STAGES, MICRO = 4, 2_048, 4, 8  # the diagrams: TP, a pipeline, a mesh
+MESH = parallel.ParallelDims(pp=2, dp_shard=4, cp=2, tp=4)  # 64 H100s
 TWO_RANKS = {"FSDP": dict(dp_shard=2), "TP": dict(tp=2), "PP": dict(pp=2), "CP": dict(cp=2)}
-PARALLEL = env.pick(**parallel_step.SIZES)
-print(PARALLEL)
+PARALLEL = env.pick(**parallel_step.SIZES)  # checks on CPU ranks, and the measured experiment
 
 # %% [markdown]
 # Data parallelism ({ref}`sec-data-parallel`) copies the model to every device and splits the batch;
@@ -98,6 +100,8 @@ shape = parallel.model_shape(XXL, dtype="bf16")
 per_token = XXL.n_layers * (shape.act_tp_bytes + shape.act_other_bytes + shape.act_norm_bytes)
 assert per_token == XXL.n_layers * 2 * (XXL.d_model + XXL.d_ff)  # each block keeps x and Wx
 h100s = math.ceil(states / GPU.hbm_bytes)
+
+# %% tags=["remove-cell"]
 for name, value in {"xxl_blocks": XXL.n_layers, "xxl_d": f"{XXL.d_model:,}",
                     "xxl_f": f"{XXL.d_ff:,}", "xxl_params_b": n_xxl / 1e9,
                     "xxl_states_tb": states / 1e12, "xxl_h100": h100s,
@@ -124,9 +128,9 @@ for name, value in {"xxl_blocks": XXL.n_layers, "xxl_d": f"{XXL.d_model:,}",
 #
 # $S$ the state, $A$ the bytes per token. A TPU v5p has {glue:text}`tpu_gb:.0f` GB:
 
-# %%
+# %% tags=["hide-input"]
 glue("tpu_gb", TPU.hbm_bytes / 1e9)
-fit_rows, last_fit = [], None
+fit_rows = []
 for t in TOKENS_PER_DEVICE:
     try:
         n = parallel.min_shards_to_fit(TPU.hbm_bytes, states, per_token * t,
@@ -134,17 +138,15 @@ for t in TOKENS_PER_DEVICE:
         m = states / n + per_token * t * (0.5 + 0.5 / n)
         assert m <= TPU.hbm_bytes < states / (n - 1) + per_token * t * (0.5 + 0.5 / (n - 1))
         fit_rows.append([f"{t:,}", n, num(m / 1e9)])
-        last_fit = t
     except ValueError:
         fit_rows.append([f"{t:,}", "never", "-"])
-never = 2 * TPU.hbm_bytes / per_token  # the unsharded half alone fills the device
 glue("b_n0", fit_rows[0][1])
-glue("b_never", f"{never:,.0f}")
+glue("b_never", 2 * TPU.hbm_bytes / per_token)  # the unsharded half alone fills the device
 Table(["tokens per device", "smallest N_FSDP", "memory per device (GB)"], fit_rows)
 
 # %% [markdown]
 # Without activations $N_\text{FSDP} \ge$ {glue:text}`b_n0`; every token added raises it, and from
-# {glue:text}`b_never` tokens per device the unsharded half of the activations alone fills the
+# {glue:text}`b_never:,.0f` tokens per device the unsharded half of the activations alone fills the
 # device: no $N$ is enough. The activations, not the state, decide.
 #
 # ### (c) When is the forward compute-bound?
@@ -170,12 +172,13 @@ assert math.isclose(per_device, alpha / (Y_TP * M_X)) and XXL.d_ff * M_Y > Y_TP 
 at = CB.layer_times(global_batch, XXL.d_model, XXL.d_ff, x=X_FSDP, y=Y_TP, flop_per_s=C,
                     link_bytes_per_s=W, m_x=M_X, m_y=M_Y)
 assert math.isclose(at.math_s, at.fsdp_s) and at.tp_s < at.fsdp_s  # the boundary, FSDP-limited
-rounded_c = float(f"{C:.2g}")  # the question's rounded C
+
+# %% tags=["remove-cell"]
 for name, value in {"c_tflops": C / 1e12, "w_gbps": W / 1e9, "alpha": alpha,
                     "c_per_device": per_device, "c_global": global_batch,
-                    "c_rounded": CB.compute_bound_batch(XXL.d_ff, x=X_FSDP, y=Y_TP,
-                                                        flop_per_s=rounded_c,
-                                                        link_bytes_per_s=W, m_x=M_X, m_y=M_Y),
+                    "c_rounded": CB.compute_bound_batch(  # with the question's rounded C
+                        XXL.d_ff, x=X_FSDP, y=Y_TP, flop_per_s=float(f"{C:.2g}"),
+                        link_bytes_per_s=W, m_x=M_X, m_y=M_Y),
                     "c_tp_margin": XXL.d_ff * M_Y / (Y_TP * alpha), "c_closed": closed,
                     "x_opt": CB.optimal_fsdp_degree(global_batch, XXL.d_ff, X_FSDP * Y_TP,
                                                     m_x=M_X, m_y=M_Y)}.items():
@@ -196,7 +199,7 @@ for name, value in {"c_tflops": C / 1e12, "w_gbps": W / 1e9, "alpha": alpha,
 # the batch in time, and each micro-batch still all-gathers the weights, so the global batch per
 # optimizer step stays the same. What each option gives, computed:
 
-# %%
+# %% tags=["hide-input"]
 options = []
 for x, y in ((16, 4), (8, 8), (4, 16)):
     b = CB.compute_bound_batch(XXL.d_ff, x=x, y=y, flop_per_s=C, link_bytes_per_s=W, m_x=M_X,
@@ -230,7 +233,7 @@ Table(["option", "tokens per device >", "value", "global batch (64 chips)"], opt
 # tokens on 8 devices (`accounting.parallel_traffic.sent_bytes`, what `mlsys.distributed` does,
 # call for call):
 
-# %%
+# %% tags=["hide-input"]
 cfg27 = TransformerConfig.preset(PLAN_PRESET, context_length=PLAN_SEQ)
 strategy_rows = []
 for name, (degrees, m) in {"DP (ZeRO-3 / FSDP)": (dict(dp_shard=8), 1), "TP": (dict(tp=8), 1),
@@ -255,17 +258,79 @@ Table(["strategy", "states per device (GB)", "activations (GB)", "sent per step 
 # :pyobject: _ReduceFromTP
 # ```
 #
-# Pipeline parallelism runs micro-batches through stages in a schedule (GPipe: all forwards, then
-# all backwards; 1F1B: one of each in turn, fewer activations in flight); ring attention passes $K,
-# V$ blocks around the context ranks and merges partial results through their log-sum-exp, the
-# online softmax of {ref}`sec-attention`:
+# Drawn for one XXL feed-forward block on {glue:text}`tp_degree` ranks, with the shard shapes
+# computed from the model's shape (`diagrams.tp_shard_shapes`):
+
+# %% tags=["remove-input"]
+shards = diagrams.tp_shard_shapes(parallel.XXL, TP_DEGREE)
+for name, value in {"tp_A": "{:,} × {:,}".format(*shards["A_i"]), "tp_degree": TP_DEGREE,
+                    "tp_B": "{:,} × {:,}".format(*shards["B_i"]), "tp_tokens": TP_TOKENS,
+                    "tp_mb": TP_TOKENS * XXL.d_model * 2 / 1e6}.items():  # a T x D bf16 all-reduce
+    glue(name, value)
+fig = diagrams.draw_tensor_parallel(parallel.XXL, TP_DEGREE, tokens=TP_TOKENS)
+plt.show()
+
+# %% [markdown]
+# Rank $i$ holds a {glue:text}`tp_A` column stripe of $A$ and the matching {glue:text}`tp_B` row
+# stripe of $B$. The column split needs no communication before the nonlinearity, since $\phi$ acts
+# on each column of $XA$ alone (XXL has none; the book's SwiGLU splits $W_1$ and $W_3$ as $A$).
+# The row split leaves each rank with a partial sum of the full output, and $g$ adds them: one
+# all-reduce of {glue:text}`tp_mb:.0f` MB (the bf16 output of {glue:text}`tp_tokens:,` tokens)
+# forward, and its mirror $f$ on the input's gradient backward.
+#
+# Pipeline parallelism runs micro-batches through stages in a schedule: GPipe runs all forwards,
+# then all backwards; 1F1B runs a few warm-up forwards, then one forward and one backward in turn.
+# Both drawn by `accounting.pipeline.pipeline_timeline` for {glue:text}`pp_stages` stages and
+# {glue:text}`pp_micro` micro-batches, a backward taking twice a forward, the idle time hatched:
+
+# %% tags=["remove-input"]
+bubbles = {s: pipeline.simulated_bubble_fraction(STAGES, MICRO, s) for s in pipeline.SCHEDULES}
+held = {s: pipeline.in_flight(0, STAGES, MICRO, s) for s in pipeline.SCHEDULES}
+assert all(math.isclose(b, bubble_fraction(STAGES, MICRO)) for b in bubbles.values())
+for name, value in {"pp_stages": STAGES, "pp_micro": MICRO, "pp_bubble": bubbles["1f1b"],
+                    "pp_held_gpipe": held["gpipe"], "pp_held_1f1b": held["1f1b"]}.items():
+    glue(name, value)
+fig = diagrams.draw_pipeline_schedules(STAGES, MICRO)
+plt.show()
+
+# %% [markdown]
+# The hatched share is the same in both, {glue:text}`pp_bubble:.1%` = $(p-1)/(m+p-1)$: the
+# pipeline fills and drains once per step whatever the order. What 1F1B changes is memory: stage 0
+# holds the activations of {glue:text}`pp_held_1f1b` micro-batches at once instead of
+# {glue:text}`pp_held_gpipe`, because each backward frees one forward's activations as soon as it
+# can.
+#
+# Ring attention passes $K, V$ blocks around the context ranks and merges partial results through
+# their log-sum-exp, the online softmax of {ref}`sec-attention`:
 #
 # ```{literalinclude} ../lib/mlsys/distributed/cp.py
 # :pyobject: ring_attention
 # ```
 #
 # `mesh.parallelize` composes them in one order, PP → TP → CP → FSDP: FSDP last, so that it
-# shards the parameters the others have already cut.
+# shards the parameters the others have already cut. On a cluster the mesh's order decides which
+# groups share a node: the rank is the row-major index of its coordinates, tp varying fastest, so
+# the innermost axes get consecutive ranks. A mesh of {glue:text}`mesh_world` H100s
+# ({glue:text}`mesh_text`) on DGX nodes of {glue:text}`mesh_per_node`:
+
+# %% tags=["remove-input"]
+links = diagrams.axis_links(MESH, PLAN_CLUSTER)
+node = hardware.get_cluster(PLAN_CLUSTER)
+for name, value in {"mesh_ratio": node.intra_node.bytes_per_s / node.inter_node.bytes_per_s,
+                    "mesh_world": MESH.world_size, "mesh_text": tables.mesh_text(MESH),
+                    "mesh_per_node": node.per_node,
+                    "mesh_inside": " and ".join(a for a, (i, _) in links.items() if i),
+                    "mesh_across": " and ".join(a for a, (i, _) in links.items() if not i)}.items():
+    glue(name, value)
+fig = diagrams.draw_mesh(MESH, PLAN_CLUSTER)
+plt.show()
+
+# %% [markdown]
+# The {glue:text}`mesh_inside` groups stay inside a node, on NVLink; the {glue:text}`mesh_across`
+# groups cross the network, {glue:text}`mesh_ratio:.0f`× slower per GPU. That is the order's
+# purpose: TP's all-reduces sit on the critical path of every layer and get the fastest link,
+# while FSDP's gathers can be prefetched and the pipeline sends only activations at stage
+# boundaries.
 #
 # ## Measurement
 #
@@ -285,10 +350,12 @@ checks_rows += check.against_one_process({"PP 2 x CP 2 x TP 2": (dict(pp=2, cp=2
 worst = max(max(r["grad_diff"], r["param_diff"]) for r in checks_rows)
 bytes_equal = all(r["sent_bytes"] == r["predicted_bytes"] for r in checks_rows)
 assert worst < 1e-5 and bytes_equal
+
+# %% tags=["hide-input"]
 glue("check_worst", worst)
 glue("check_cases", len(checks_rows))
 Table(["strategy", "ranks", "max |Δ loss|", "max |Δ grad|", "max |Δ weight|",
-       "bytes sent by rank 0 (counted = predicted)"],
+       "bytes sent by rank 0 (= predicted)"],
       [[r["case"], r["world_size"], f"{r['loss_diff']:.1e}", f"{r['grad_diff']:.1e}",
         f"{r['param_diff']:.1e}", f"{r['sent_bytes'][0]:,.0f}"] for r in checks_rows])
 
@@ -304,8 +371,9 @@ Table(["strategy", "ranks", "max |Δ loss|", "max |Δ grad|", "max |Δ weight|",
 
 # %%
 par_rows = parallel_step.run(PARALLEL)
-par_verdicts = parallel_step.verdicts(par_rows)
-for name, text in par_verdicts.items():
+
+# %% tags=["hide-input"]
+for name, text in parallel_step.verdicts(par_rows).items():
     glue(f"par_{name.replace(' ', '_')}", text)
 parallel_step.table(par_rows)
 
@@ -318,48 +386,57 @@ parallel_step.table(par_rows)
 # `accounting.planner` enumerates every mesh of a cluster for a model and a global batch, predicts
 # memory per device, step time and MFU from the formulas above (bandwidth only, overlap where the
 # strategy allows it), and ranks them. `2.7B` on {glue:text}`plan_devices` H100s, batch
-# {glue:text}`plan_batch` × {glue:text}`plan_seq` tokens:
+# {glue:text}`plan_batch` × {glue:text}`plan_seq:,` tokens:
 
 # %%
 plans = planner.plan(cfg27, PLAN_CLUSTER, n_devices=PLAN_DEVICES, batch=PLAN_BATCH, seq=PLAN_SEQ,
                      efficiency=PLAN_EFFICIENCY)
 assert all(p.mfu <= PLAN_EFFICIENCY + 1e-12 for p in plans)
-glue("plan_eff", 100 * PLAN_EFFICIENCY)
+
+# %% tags=["hide-input"]
 best = plans[0]
-glue("plan_devices", PLAN_DEVICES)
-glue("plan_batch", PLAN_BATCH)
-glue("plan_seq", f"{PLAN_SEQ:,}")
-glue("plan_best", f"dp {best.dims.dp_replicate} × {best.dims.dp_shard}, tp {best.dims.tp}, "
-                  f"pp {best.dims.pp}, cp {best.dims.cp}, {best.microbatches} micro-batches")
-glue("plan_mfu", 100 * best.mfu)
-glue("plan_valid", len(plans))
-Table(["dp_replicate", "dp_shard", "tp", "pp", "cp", "m", "GB per device", "fits", "step s",
-       "MFU", "limited by"],
-      [[r["dp_replicate"], r["dp_shard"], r["tp"], r["pp"], r["cp"], r["microbatches"],
-        num(r["memory_gb"]), "yes" if r["fits"] else "no", num(r["step_s"]), f"{r['mfu']:.0%}",
-        r["limit"]] for r in (p.as_row() for p in plans[:8])])
+for name, value in {"plan_eff": 100 * PLAN_EFFICIENCY, "plan_devices": PLAN_DEVICES,
+                    "plan_batch": PLAN_BATCH, "plan_seq": PLAN_SEQ, "plan_valid": len(plans),
+                    "plan_best": tables.mesh_text(best.dims), "plan_m": best.microbatches,
+                    "plan_mfu": 100 * best.mfu}.items():
+    glue(name, value)
+Table(["mesh", "m", "GB per device", "step s", "MFU", "limited by"],
+      [[tables.mesh_text(p.dims), p.microbatches, num(p.memory.total / 1e9), num(p.step_s),
+        f"{p.mfu:.0%}", p.limit] for p in plans[:8]])
 
 # %% tags=["remove-input"]
-fig, axes = plotting.subplots(1, 2, width=11.0, height=4.0)
-plotting.plot_plans(plans, axes[0])
-axes[0].set_title(f"{PLAN_PRESET}: every mesh of {PLAN_DEVICES} H100s", fontsize=9)
-plotting.plot_compute_bound(XXL.d_model, XXL.d_ff, X_FSDP * Y_TP, flop_per_s=C,
-                            link_bytes_per_s=W, m_x=M_X, m_y=M_Y, fixed_xy=(X_FSDP, Y_TP),
-                            ax=axes[1])
-axes[1].set_title("XXL on TPU v5p: compute / communication", fontsize=9)
+ax = plotting.plot_plans(plans, plotting.subplots(width=7.0, height=4.0)[1])
+ax.set_title(f"{PLAN_PRESET}: every mesh of {PLAN_DEVICES} H100s", fontsize=9)
 plt.show()
 
 # %% [markdown]
-# Of {glue:text}`plan_valid` valid meshes the planner ranks first {glue:text}`plan_best`, at a
-# predicted {glue:text}`plan_mfu:.0f`% MFU, given kernels that reach {glue:text}`plan_eff:.0f`% of
-# the peak (a first-order model: no latency, overlap wherever the strategy allows it). The rules of
-# thumb behind such a ranking: when the state fits a node, data parallelism with ZeRO; when it does
+# Of {glue:text}`plan_valid` valid meshes the planner ranks first {glue:text}`plan_best` with
+# {glue:text}`plan_m` micro-batches, at a predicted {glue:text}`plan_mfu:.0f`% MFU, given kernels
+# that reach {glue:text}`plan_eff:.0f`% of the peak (a first-order model: no latency, overlap
+# wherever the strategy allows it); the figure labels the first three. The rules of thumb behind
+# such a ranking: when the state fits a node, data parallelism with ZeRO; when it does
 # not, FSDP across nodes, TP inside a node (its all-reduces sit on the critical path, so they need
 # NVLink); when the batch is too small for FSDP to be compute-bound, more TP or PP; when one
 # sequence's activations do not fit, CP. The same query from a shell: `python -m mlsys plan --preset
 # 2.7B --cluster dgx-h100 --devices 64 --batch 256 --seq 4096` (add `--plot plans.png` for the
 # figure).
 #
+# The conditions of (c) behind such rankings, drawn for the XXL layer on {glue:text}`c_n` TPU v5p
+# chips: the time of the math over the time of the communication, against tokens per device (above
+# 1, compute hides the communication). TP alone over all {glue:text}`c_n` chips never gets there
+# ($F M_Y < Y\alpha$); FSDP alone needs the most tokens per device; the best mix of the two crosses
+# first, at the closed form's {glue:text}`c_closed:.0f` tokens per device:
+
+# %% tags=["remove-input"]
+glue("c_n", X_FSDP * Y_TP)
+assert XXL.d_ff * M_Y < X_FSDP * Y_TP * alpha  # TP over all the chips never hides its all-reduces
+ax = plotting.plot_compute_bound(XXL.d_model, XXL.d_ff, X_FSDP * Y_TP, flop_per_s=C,
+                                 link_bytes_per_s=W, m_x=M_X, m_y=M_Y, fixed_xy=(X_FSDP, Y_TP),
+                                 ax=plotting.subplots(width=7.0, height=4.0)[1])
+ax.set_title("XXL on TPU v5p: compute / communication", fontsize=9)
+plt.show()
+
+# %% [markdown]
 # ### The decision tree, drawn by the planner
 #
 # The same ranking over a grid of global batches and sequence lengths, `2.7B` on one node of
@@ -369,6 +446,8 @@ plt.show()
 map_cfg = TransformerConfig.preset(PLAN_PRESET, context_length=max(MAP_SEQS))
 choices = planner.first_choices(map_cfg, PLAN_CLUSTER, n_devices=MAP_DEVICES,
                                 batches=MAP_BATCHES, seqs=MAP_SEQS, efficiency=PLAN_EFFICIENCY)
+
+# %% tags=["remove-cell"]
 short, fitting = min(MAP_SEQS), [s for s in MAP_SEQS if any(choices[(b, s)] for b in MAP_BATCHES)]
 fsdp_from = next(b for b in MAP_BATCHES if planner.family(choices[(b, short)].dims) == "fsdp")
 assert all(planner.family(choices[(b, short)].dims) == "fsdp" for b in MAP_BATCHES
@@ -376,13 +455,12 @@ assert all(planner.family(choices[(b, short)].dims) == "fsdp" for b in MAP_BATCH
 assert all("tp" in planner.family(choices[(b, short)].dims) for b in MAP_BATCHES if b < fsdp_from)
 assert all("cp" in planner.family(choices[(b, max(fitting))].dims) for b in MAP_BATCHES)
 assert all(choices[(b, s)] is None for b in MAP_BATCHES for s in MAP_SEQS if s > max(fitting))
-glue("map_devices", MAP_DEVICES)
-glue("map_short", f"{short:,}")
-glue("map_fsdp_from", fsdp_from)
-glue("map_one", tables.mesh_text(choices[(min(MAP_BATCHES), short)].dims))
-glue("map_long", f"{max(fitting):,}")
-glue("map_long_mesh", tables.mesh_text(choices[(max(MAP_BATCHES), max(fitting))].dims))
-glue("map_none", f"{min(s for s in MAP_SEQS if s > max(fitting)):,}")
+long = max(fitting)
+for name, value in {"map_devices": MAP_DEVICES, "map_short": short, "map_fsdp_from": fsdp_from,
+                    "map_one": tables.mesh_text(choices[(min(MAP_BATCHES), short)].dims),
+                    "map_long_mesh": tables.mesh_text(choices[(max(MAP_BATCHES), long)].dims),
+                    "map_long": long, "map_none": min(set(MAP_SEQS) - set(fitting))}.items():
+    glue(name, value)
 
 # %% tags=["remove-input"]
 fig, ax = plotting.subplots(width=10.0, height=4.0)
@@ -391,12 +469,12 @@ ax.set_title(f"{PLAN_PRESET} on {MAP_DEVICES} H100s: the planner's first choice"
 plt.show()
 
 # %% [markdown]
-# Along the bottom row ({glue:text}`map_short` tokens): one sequence cannot be split by data
+# Along the bottom row ({glue:text}`map_short:,` tokens): one sequence cannot be split by data
 # parallelism over {glue:text}`map_devices` GPUs, so the model itself is cut ({glue:text}`map_one`);
 # TP stays in the mesh while the batch per GPU is below FSDP's threshold; from
 # {glue:text}`map_fsdp_from` sequences on, FSDP alone. Up the columns, longer sequences bring in
-# context parallelism, up to {glue:text}`map_long_mesh` at {glue:text}`map_long` tokens; at
-# {glue:text}`map_none` tokens nothing fits one node (without activation checkpointing). The
+# context parallelism, up to {glue:text}`map_long_mesh` at {glue:text}`map_long:,` tokens; at
+# {glue:text}`map_none:,` tokens nothing fits one node (without activation checkpointing). The
 # one-pager on parallelism turns this map into its decision tree, branch by branch.
 #
 # ### Does the planner predict the runs?
@@ -407,14 +485,14 @@ plt.show()
 # ran: data parallelism (chapter 08's bucketed DDP, {ref}`sec-data-parallel`), FSDP, TP and the 1F1B
 # pipeline at each micro-batch count, with its prediction if nothing overlapped beside:
 
-# %%
+# %% tags=["hide-input"]
 mf = transformer_flops(TransformerConfig.preset(PARALLEL.preset), 1, PARALLEL.seq)
 head_share = mf.lm_head / mf.forward_matmul_flops
 tp_floor = (1 - head_share) / PARALLEL.world_size + head_share
 assert tp_floor > 1 / PARALLEL.world_size
-glue("head_share", 100 * head_share)
-glue("tp_floor", tp_floor)
-glue("tp_even", 1 / PARALLEL.world_size)
+for name, value in {"head_share": 100 * head_share, "tp_floor": tp_floor,
+                    "tp_even": 1 / PARALLEL.world_size}.items():
+    glue(name, value)
 parallel_step.planner_table(par_rows)
 
 # %% [markdown]
@@ -434,7 +512,7 @@ parallel_step.planner_table(par_rows)
 # `python -m mlsys.experiments parallel_step` needs several ranks; a lent machine has one GPU, so
 # its record runs the ranks on that machine's CPU cores and says so in every row:
 
-# %%
+# %% tags=["remove-input"]
 experiments.show_recorded("parallel_step")
 
 # %% [markdown]
@@ -449,35 +527,43 @@ experiments.show_recorded("parallel_step")
 #
 # ## Exercises
 #
-# ### Q1 [XXL on H100 nodes]
+# ### Q1 (multi-step) XXL on H100 nodes
 #
-# The XXL model on DGX H100 nodes, state as in (a): (a) the smallest pure-FSDP degree that fits the
-# state alone; (b) with 2,048 tokens per device of activations, half sharded; (c) at that degree,
-# the FSDP all-gather of one block's bf16 weights over NVLink inside a node vs InfiniBand across
-# nodes (`accounting.comms`).
+# The XXL model on DGX H100 nodes, state as in (a). (a) What is the smallest pure-FSDP degree that
+# holds the state alone? (b) With 2,048 tokens per device of activations, half of them sharded,
+# what degree then? (c) At that degree, how long does the FSDP all-gather of one block's bf16
+# weights take over NVLink inside a node, and over InfiniBand across nodes (`accounting.comms`)?
 
 # %% tags=["hide-cell"]
 q1_a = parallel.min_shards_to_fit(GPU.hbm_bytes, states)
 q1_b = parallel.min_shards_to_fit(GPU.hbm_bytes, states, per_token * 2_048,
-                           activation_shard_fraction=0.5)
+                                  activation_shard_fraction=0.5)
 block_bytes = 2 * XXL.d_model * XXL.d_ff * 2  # one block's weights in bf16
-node = hardware.get_cluster("dgx-h100")
-gather = comms.collective_cost("all_gather", block_bytes, q1_b)
-t_nvlink = gather.sent_bytes / node.intra_node.bytes_per_s
-t_ib = gather.sent_bytes / node.inter_node.bytes_per_s
-assert q1_b > q1_a and t_ib > t_nvlink
-for name, value in {"q1_a": q1_a, "q1_b": q1_b, "q1_nv_ms": t_nvlink * 1e3,
-                    "q1_ib_ms": t_ib * 1e3}.items():
+sent = comms.collective_cost("all_gather", block_bytes, q1_b).sent_bytes  # (N - 1) / N of it
+half = per_token * 1_024  # the unsharded half of 2,048 tokens' activations
+assert q1_a == math.ceil(states / GPU.hbm_bytes) > node.per_node
+assert q1_b == math.ceil((states + half) / (GPU.hbm_bytes - half))
+for name, value in {"q1_a": q1_a, "q1_b": q1_b, "q1_hbm": GPU.hbm_bytes / 1e9,
+                    "q1_nv_ms": sent / node.intra_node.bytes_per_s * 1e3,
+                    "q1_ib_ms": sent / node.inter_node.bytes_per_s * 1e3,
+                    "q1_act_gb": per_token * 2_048 / 1e9, "q1_half_gb": half / 1e9,
+                    "q1_block_gb": block_bytes / 1e9, "q1_sent_gb": sent / 1e9}.items():
     glue(name, value)
 
 # %% [markdown]
 # ```{dropdown} Answer
-# (a) {glue:text}`q1_a` H100s for the state. (b) {glue:text}`q1_b` with the activations. (c) Each
-# device sends $(N-1)/N$ of a block's bf16 weights: {glue:text}`q1_nv_ms:.1f` ms over NVLink,
-# {glue:text}`q1_ib_ms:.1f` ms over InfiniBand: FSDP across nodes needs a large batch to hide it.
+# (a) The state alone: $N \ge S / M$ = {glue:text}`xxl_states_tb:.2f` TB / {glue:text}`q1_hbm:.0f`
+# GB, so **{glue:text}`q1_a`** H100s. (b) 2,048 tokens hold $A$ = {glue:text}`q1_act_gb:.1f` GB
+# of activations. The unsharded half takes {glue:text}`q1_half_gb:.1f` GB of every device, and the
+# rest must hold $S/N + A/(2N)$: $N \ge (S + A/2)/(M - A/2)$ gives **{glue:text}`q1_b`**. (c)
+# One block's bf16 weights are {glue:text}`q1_block_gb:.2f` GB; in an all-gather over $N$ devices
+# each sends $(N-1)/N$ of them, {glue:text}`q1_sent_gb:.2f` GB: **{glue:text}`q1_nv_ms:.1f` ms**
+# over NVLink, **{glue:text}`q1_ib_ms:.1f` ms** over InfiniBand. A group of {glue:text}`q1_b`
+# devices cannot fit one node, so FSDP across nodes needs a large batch per device to hide its
+# gathers.
 # ```
 #
-# ### Q2 [Find the error]
+# ### Q2 (find the error) Gradient accumulation shrinks the batch
 #
 # "To shrink the global batch at the same throughput, use gradient accumulation: 8 micro-batches of
 # 1/8 the size each." Why does this not shrink what matters?
@@ -485,10 +571,9 @@ for name, value in {"q1_a": q1_a, "q1_b": q1_b, "q1_nv_ms": t_nvlink * 1e3,
 # %% tags=["hide-cell"]
 fsdp8 = parallel.ParallelDims(dp_shard=8, world_size=8)
 gathers = {m: parallel_traffic.sent_bytes(cfg27, fsdp8, 0, batch=64, seq=PLAN_SEQ,
-                                          microbatches=m)["all_gather"]
-           for m in (1, 8)}
+                                          microbatches=m)["all_gather"] for m in (1, 8)}
 assert gathers[8] > 4 * gathers[1]  # ZeRO-3 gathers the weights again for every micro-batch
-glue("q2_gather_ratio", gathers[8] / gathers[1])
+q2_ratio = glue("q2_gather_ratio", gathers[8] / gathers[1])
 
 # %% [markdown]
 # ```{dropdown} Answer
@@ -499,19 +584,84 @@ glue("q2_gather_ratio", gathers[8] / gathers[1])
 # needs the levers of (d): more TP, more mesh axes, fewer bytes per gather, or pipelining.
 # ```
 #
-# ### Q3 [The bubble]
+# ### Q3 The bubble
 #
 # How many micro-batches keep the bubble of an 8-stage pipeline under 5%?
 
 # %% tags=["hide-cell"]
-q3 = next(m for m in range(1, 10_000) if bubble_fraction(8, m) < 0.05)
-assert q3 == math.ceil(7 / 0.05 - 7 + 1e-9)
-glue("q3_m", q3)
+q3 = glue("q3_m", next(m for m in range(1, 10_000) if bubble_fraction(8, m) < 0.05))
+assert q3 == math.ceil(7 / 0.05 - 7 + 1e-9) and bubble_fraction(8, q3 - 1) >= 0.05
 
 # %% [markdown]
 # ```{dropdown} Answer
-# $(p-1)/(m+p-1) < 0.05$ gives $m > 19(p-1) = 133$: **{glue:text}`q3_m`** micro-batches, each of
-# which must still be large enough to keep its stage compute-bound.
+# $(p-1)/(m+p-1) < 0.05$ means $m + p - 1 > 20(p-1)$, so $m > 19(p-1) = 133$:
+# **{glue:text}`q3_m`** micro-batches, each of which must still be large enough to keep its stage
+# compute-bound. The global batch is then at least {glue:text}`q3_m` micro-batches per data-parallel
+# copy: deep pipelines want large batches.
+# ```
+#
+# ### Q4 (code) The 1F1B order of one stage
+#
+# Write the order in which stage `stage` of an `n_stages`-stage pipeline runs its forwards
+# `("F", i)` and backwards `("B", i)` under 1F1B: as many warm-up forwards as there are stages
+# after it (never more than the micro-batches), then one forward and one backward in turn, then the
+# backwards that remain. The check compares every stage with `accounting.pipeline`, and counts the
+# micro-batches each stage holds at once.
+
+# %%
+def one_f_one_b(stage, n_stages, microbatches):  # <- your code here
+    """1F1B's order of ("F", i) and ("B", i) on `stage` of `n_stages`, for `microbatches`."""
+    raise NotImplementedError("write the 1F1B order of one stage")
+
+
+# %% tags=["hide-cell"]
+# The book's solution (opened on demand). `solved_by` checks the reader's function once it is
+# written, and the book's while it is not.
+def one_f_one_b_solution(stage, n_stages, microbatches):
+    warm = min(n_stages - 1 - stage, microbatches)
+    order = [("F", i) for i in range(warm)]
+    for i in range(microbatches - warm):
+        order += [("F", warm + i), ("B", i)]
+    return order + [("B", i) for i in range(microbatches - warm, microbatches)]
+
+
+for s in range(STAGES):
+    order, whose = book.solved_by(one_f_one_b, one_f_one_b_solution, s, STAGES, MICRO)
+    assert tuple(order) == pipeline.pipeline_schedule(s, STAGES, MICRO, "1f1b")
+    assert diagrams.held_microbatches(order) == pipeline.in_flight(s, STAGES, MICRO, "1f1b")
+print(f"checked: {whose} 1F1B order matches accounting.pipeline on all {STAGES} stages")
+
+# %% [markdown]
+# ```{dropdown} Answer
+# Stage $s$ of $p$ runs $p - 1 - s$ warm-up forwards, one for each stage after it: the last stage
+# none, stage 0 enough to keep every later stage busy until the first backward comes back. Then
+# each forward is followed by the oldest backward, which frees that micro-batch's activations, so
+# the count held stays at its peak of $p - s$ (the warm-up ones plus one): {glue:text}`pp_held_1f1b`
+# on stage 0 in the figure above, instead of all $m$ under GPipe. The drain runs the backwards of
+# the last $p - 1 - s$ micro-batches.
+# ```
+#
+# ### Q5 (find the error) 1F1B shrinks the bubble
+#
+# "1F1B beats GPipe because it removes most of the pipeline bubble." Check the claim for the
+# pipeline of the figure, and for backwards that cost one, two and three forwards.
+
+# %% tags=["hide-cell"]
+q5 = {(s, tb): pipeline.simulated_bubble_fraction(STAGES, MICRO, s, backward_s=tb)
+      for s in pipeline.SCHEDULES for tb in (1.0, 2.0, 3.0)}
+assert all(math.isclose(b, bubble_fraction(STAGES, MICRO)) for b in q5.values())
+q5_ratio = glue("q5_ratio", held["gpipe"] / held["1f1b"])
+
+# %% [markdown]
+# ```{dropdown} Answer
+# The claim is wrong. Played out by `pipeline_timeline`, both schedules idle
+# {glue:text}`pp_bubble:.1%` of the step, $(p-1)/(m+p-1)$, for every ratio of backward to forward
+# time: each stage waits $p - 1$ forwards for the pipeline to fill and $p - 1$ backwards for it to
+# drain, in either order. 1F1B's gain is memory: stage 0 holds {glue:text}`pp_held_1f1b`
+# micro-batches of activations instead of {glue:text}`pp_held_gpipe`
+# ({glue:text}`q5_ratio:.0f`× fewer), and that memory buys more micro-batches, which is what
+# shrinks the bubble. Only interleaved stages (several model chunks per device) or zero-bubble
+# schedules make the bubble itself smaller.
 # ```
 #
 # ## Summary
@@ -523,4 +673,9 @@ glue("q3_m", q3)
 #   $\alpha^2/(M_X M_Y F)$ holds only at the optimal split.
 # - Gradient accumulation does not shrink the batch per update; more TP, more axes, fp8 gathers and
 #   pipelining do.
+# - TP splits $A$ by columns and $B$ by rows: one all-reduce forward ($g$) and one backward ($f$)
+#   per block, on the critical path, so its groups belong inside a node.
+# - GPipe and 1F1B idle the same {glue:text}`pp_bubble:.1%` ($p$ = {glue:text}`pp_stages`,
+#   $m$ = {glue:text}`pp_micro`); 1F1B holds {glue:text}`pp_held_1f1b` micro-batches of
+#   activations on its first stage instead of {glue:text}`pp_held_gpipe`.
 # - Every strategy here equals one process, and sends exactly the bytes of its formula.

@@ -51,8 +51,9 @@ def rank_descendants():
                "cuobjdump", "nvdisasm")
     found = []
     for p in psutil.Process().children(recursive=True):
-        try:  # a compiler's tool may end between the listing and the look
-            command = " ".join(p.cmdline())
+        try:  # a compiler's tool may end between the listing and the look (its command line
+            # then reads empty: its name still says what it was)
+            command = " ".join(p.cmdline()) + " " + p.name()
             server = "multiprocessing.forkserver" in command and p.ppid() == os.getpid()
             if p.status() != psutil.STATUS_ZOMBIE and not server and not any(
                     h in command for h in helpers):

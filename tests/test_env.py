@@ -36,10 +36,11 @@ def test_pick_needs_every_profile():
         env.pick(smoke=1, cpu=2)  # type: ignore[call-arg]
 
 
-def test_describe_is_one_line_with_device_profile_and_versions(monkeypatch):
+def test_describe_is_two_short_lines_with_device_profile_and_versions(monkeypatch):
     monkeypatch.setenv("MLSYS_PROFILE", "smoke")
     stamp = env.describe()
-    assert "\n" not in stamp
+    assert len(stamp.splitlines()) == 2
+    assert all(len(line) <= 100 for line in stamp.splitlines()), stamp
     import torch
 
     assert "profile: smoke" in stamp and f"torch {torch.__version__}" in stamp

@@ -2,6 +2,7 @@
 
 import matplotlib.pyplot as plt
 import pytest
+from matplotlib.text import Text
 
 from mlsys import hardware, plotting, tables
 from mlsys.accounting import memory, parallel, planner
@@ -94,7 +95,8 @@ def test_model_states_draw_a_line_per_recipe_the_presets_and_the_ceilings():
 
 
 def test_op_roofline_puts_each_op_on_the_spec_roof():
-    ops = op_costs("bf16")[:len(plotting.MARKERS)]  # one marker shape each
+    ops = op_costs("bf16")  # every one of them: chapter 04 shows them all
+    assert len(ops) <= len(plotting.MARKERS)
     h100 = hardware.H100_SXM
     ax = plotting.plot_op_roofline(ops, accelerator=h100, dtype="bf16")
     try:
@@ -111,6 +113,41 @@ def test_op_roofline_puts_each_op_on_the_spec_roof():
         assert len(ax.get_legend().get_texts()) == len(ops) + 1
     finally:
         plt.close(ax.figure)
+
+
+def test_an_op_past_the_last_marker_is_refused_not_dropped():
+    styles = plotting.marker_styles(len(plotting.MARKERS))
+    assert len(set(styles)) == len(plotting.MARKERS)
+    assert len({marker for _, marker in styles}) == len(plotting.MARKERS)
+    too_many = op_costs("bf16") * 2
+    with pytest.raises(ValueError, match=rf"{len(too_many)} operations but only "
+                                         rf"{len(plotting.MARKERS)} marker shapes"):
+        plotting.plot_op_roofline(too_many, accelerator=hardware.H100_SXM, dtype="bf16")
+    plt.close("all")
+
+
+def _overlapping_texts(ax) -> list[tuple[str, str]]:
+    ax.figure.canvas.draw()  # the Agg renderer (tests/conftest.py): boxes as drawn
+    renderer = ax.figure.canvas.get_renderer()
+    boxes = [(t.get_text(), Text.get_window_extent(t, renderer))  # the text, not its arrow
+             for t in ax.texts]
+    return [(a, b) for i, (a, box_a) in enumerate(boxes) for b, box_b in boxes[i + 1:]
+            if box_a.overlaps(box_b)]
+
+
+def test_labels_of_points_on_top_of_each_other_do_not_overprint():
+    fig, ax = plotting.subplots()
+    try:
+        ax.scatter([1, 1, 1, 5], [2, 2, 2.01, 9])
+        notes = plotting.label_points(ax, [(1, 2), (1, 2), (1, 2.01)], ["first", "second", "third"],
+                                      avoid=[(1, 2), (5, 9)])
+        assert [n.get_text() for n in notes] == ["first", "second", "third"]
+        assert [n.xy for n in notes] == [(1, 2), (1, 2), (1, 2.01)]  # each joined to its point
+        assert _overlapping_texts(ax) == []
+        with pytest.raises(ValueError, match="2 points for 1 texts"):
+            plotting.label_points(ax, [(1, 2), (3, 4)], ["one"])
+    finally:
+        plt.close(fig)
 
 
 # --- the planner's figures ------------------------------------------------------------------------
@@ -130,6 +167,11 @@ def test_table_and_figures(plans):
     assert len(lines) == 4 and "limited by" in lines[0]
     ax = plotting.plot_plans(plans)
     assert ax.collections and ax.get_xlabel() == "predicted step time (s)"
+    best = [p for p in plans if p.fits][:3]
+    assert [t.get_text() for t in ax.texts] == [
+        f"{i}. {tables.mesh_text(p.dims)}, m = {p.microbatches}" for i, p in enumerate(best, 1)]
+    assert _overlapping_texts(ax) == []  # the best meshes often share a point
+    plt.close(ax.figure)
     ax = plotting.plot_compute_bound(parallel.XXL.d_model, parallel.XXL.d_ff, 64,
                                     flop_per_s=hardware.TPU_V5P.peak_flop_per_s("bf16"),
                                     link_bytes_per_s=hardware.LINKS["ici-v5p-axis"].bytes_per_s,

@@ -176,7 +176,8 @@ def reading_problems(names, chapters):
     """Why experiments `names` are not shown by a chapter: `chapters` maps a stem to its source.
 
     A chapter reads experiment X when it calls `experiments.recorded(...)` (or
-    `experiments.show_recorded(...)`, which calls it) and names "X" (directly
+    `experiments.show_recorded(...)` or `experiments.show_records(...)`, which call it) and names
+    "X" (directly
     or in the tuple it loops over). Returns one sentence per problem; [] when every record is read.
     """
     problems = []
@@ -189,7 +190,8 @@ def reading_problems(names, chapters):
         if source is None:
             problems.append(f"{name}: its chapter {chapter} does not exist")
         elif not any(call in source for call in ("experiments.recorded(",
-                                                  "experiments.show_recorded(")) \
+                                                  "experiments.show_recorded(",
+                                                  "experiments.show_records(")) \
                 or f'"{name}"' not in source:
             problems.append(f"{name}: chapter {chapter} never shows its recorded runs")
     return problems
@@ -216,7 +218,8 @@ def test_the_reading_check_can_fail():
     chapter = experiments.get(name).chapter
     blind = {**chapters,
              chapter: chapters[chapter].replace("experiments.recorded(", "experiments.x(")
-                                       .replace("experiments.show_recorded(", "experiments.x(")}
+                                       .replace("experiments.show_recorded(", "experiments.x(")
+                                       .replace("experiments.show_records(", "experiments.x(")}
     assert reading_problems([name], blind) == [
         f"{name}: chapter {chapter} never shows its recorded runs"]
     assert reading_problems([name], {}) == [f"{name}: its chapter {chapter} does not exist"]

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
-from tqdm.auto import tqdm
+from tqdm import tqdm  # the plain bar: tqdm.auto warns in a notebook without ipywidgets
 
 from mlsys import checks, env
 from mlsys.results import provenance

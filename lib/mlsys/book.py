@@ -8,13 +8,15 @@ value is simply returned, because the same cell's printed output already shows i
 Words that interpret a measurement are built from the numbers too: `compare_speed` says which of two
 is faster and by how much, and `verdict` shows an interpretation only when the consistency checks
 found nothing, and otherwise says what was inconsistent and withholds it. `Table` renders a table
-in a chapter and `markdown_table` one in a one-pager.
+in a chapter and `markdown_table` one in a one-pager. `solved_by` runs a coding exercise: the
+reader's function when it is written, the book's solution while it is not.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import re
+from collections.abc import Callable
 from html import escape
 from typing import TypeVar
 
@@ -34,6 +36,21 @@ def glue(name: str, value: T) -> T:
 
         _myst_glue(name, value, display=False)
     return value
+
+
+def solved_by(yours: Callable[..., T], ours: Callable[..., T], *args, **kwargs) -> tuple[T, str]:
+    """(result, whose) of a coding exercise: `yours(*args, **kwargs)`, the reader's function, and
+    "yours"; or, while its body still raises `NotImplementedError`, `ours(...)` (the book's hidden
+    solution) and "the book's". The chapter then asserts on the result, whichever wrote it.
+
+    Any other exception from the reader's code propagates: a wrong attempt fails loudly.
+    """
+    if not (callable(yours) and callable(ours)):
+        raise TypeError(f"yours ({yours!r}) and ours ({ours!r}) must both be functions")
+    try:
+        return yours(*args, **kwargs), "yours"
+    except NotImplementedError:
+        return ours(*args, **kwargs), "the book's"
 
 
 def compare_speed(name_a: str, seconds_a: float, name_b: str, seconds_b: float, *,
@@ -109,7 +126,7 @@ class Table:
         def html(text: str) -> str:
             return re.sub(r"`([^`]+)`", r"<code>\1</code>", escape(text))
 
-        cell = 'style="white-space:nowrap; padding:0.15em 0.6em; text-align:left"'
+        cell = 'style="padding:0.15em 0.6em; text-align:left"'  # cells wrap: nothing is cut
         head = "".join(f"<th {cell}>{html(h)}</th>" for h in self.header)
         body = "".join("<tr>" + "".join(f"<td {cell}>{html(c)}</td>" for c in row) + "</tr>"
                        for row in self.rows)

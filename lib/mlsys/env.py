@@ -168,11 +168,12 @@ def cuda_capability() -> str:
 
 
 def describe() -> str:
-    """One-line stamp printed at the top of each chapter: device, profile, versions, date."""
+    """The stamp printed at the top of each chapter, two lines short enough for the page: the
+    device and profile, then the versions and the date."""
     v = versions()
     triton = v["triton"] + (" interpreter" if triton_interpreted() else "")
     today = _dt.date.today().isoformat()
     return (
-        f"device: {device_name()} | profile: {profile()} | torch {v['torch']} | triton {triton} | "
-        f"python {v['python']} | {today}"
+        f"device: {device_name()} | profile: {profile()}\n"
+        f"torch {v['torch']} | triton {triton} | python {v['python']} | {today}"
     )

@@ -4,6 +4,8 @@
 Colors come from `COLORS` (colour-blind-safe, Okabe-Ito) so a quantity keeps its colour across
 chapters: measured values in `COLORS["measured"]`, predictions in `COLORS["predicted"]`, hardware
 ceilings in `COLORS["ceiling"]`. Nothing is changed globally: the style is applied per figure.
+`marker_styles` gives each series its own colour and shape (or refuses), and `label_points` labels
+points so that no two labels overprint.
 
 The cost models' figures draw what `mlsys.accounting` computes and compute nothing of their own:
 model states against model size (`plot_model_states`, chapter 02), operations under a spec's
@@ -23,6 +25,7 @@ import numpy as np
 import torch
 from matplotlib.colors import ListedColormap, to_rgba
 from matplotlib.patches import Patch
+from matplotlib.text import OffsetFrom
 
 from mlsys.accounting import compute_bound, memory, planner
 from mlsys.accounting.buckets import BucketPoint
@@ -39,8 +42,9 @@ COLORS = {
     "muted": "#999999",
 }
 CYCLE = ["#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#F0E442", "#000000"]
-MARKERS = ["o", "s", "D", "^", "v", "<", ">", "P", "X", "*", "h", "p"]
-"""Marker shapes for many points on one axes (colour and shape together tell them apart)."""
+MARKERS = ["o", "s", "D", "^", "v", "<", ">", "P", "X", "*", "h", "p", "d", "H", "8"]
+"""Marker shapes for many points on one axes (colour and shape together tell them apart); a plot
+that gives each series its own shape raises rather than drop the series past the last one."""
 
 DPI = 110
 
@@ -64,16 +68,9 @@ def subplots(nrows: int = 1, ncols: int = 1, *, width: float = 6.4, height: floa
     return fig, axes
 
 
-def finish(
-    ax,
-    *,
-    title: str | None = None,
-    xlabel: str | None = None,
-    ylabel: str | None = None,
-    logx: bool | int = False,
-    logy: bool | int = False,
-    legend: bool = True,
-) -> None:
+def finish(ax, *, title: str | None = None, xlabel: str | None = None,
+           ylabel: str | None = None, logx: bool | int = False, logy: bool | int = False,
+           legend: bool = True) -> None:
     """Label an axes; `logx=2` gives a base-2 log axis, `True` base 10."""
     if title:
         ax.set_title(title, loc="left")
@@ -101,6 +98,41 @@ def stacked_bars(ax, labels: Sequence[str], parts: dict[str, Sequence[float]], *
         bottoms = [b + v for b, v in zip(bottoms, values, strict=True)]
     if ylabel:
         ax.set_ylabel(ylabel)
+
+
+def marker_styles(n: int, what: str = "series") -> list[tuple[str, str]]:
+    """(colour, marker) for `n` series, each pair different; ValueError when `n` exceeds the
+    `MARKERS` (a series would otherwise be dropped without a word)."""
+    if n > len(MARKERS):
+        raise ValueError(f"{n} {what} but only {len(MARKERS)} marker shapes (plotting.MARKERS): "
+                         "add shapes there, or plot fewer")
+    return [(CYCLE[i % len(CYCLE)], MARKERS[i]) for i in range(n)]
+
+
+def label_points(ax, points: Sequence[tuple[float, float]], texts: Sequence[str], *,
+                 avoid: Sequence[tuple[float, float]] = (), fontsize: float = 7):
+    """Label `points` (data coordinates) with `texts` stacked one line apart in the corner of the
+    axes with fewest of the `avoid` points, each joined to its point by a thin line, so that the
+    labels of points that lie close (or on top of each other) never overprint. Call it after the
+    axes' scales are set. Returns the annotations."""
+    if len(points) != len(texts):
+        raise ValueError(f"{len(points)} points for {len(texts)} texts")
+    if not texts:
+        return []
+    to_axes = ax.transData + ax.transAxes.inverted()
+    x, y = to_axes.transform(np.asarray(list(avoid) or list(points), dtype=float)).T
+    step = 1.8 * fontsize  # points between the labels' baselines
+    height = len(texts) * step / max(ax.bbox.height * 72 / ax.figure.dpi, 1.0) + 0.05
+    top, bottom, right = y > 0.97 - height, y < 0.03 + height, x > 0.5
+    crowds = {(0.98, 0.97): right & top, (0.98, 0.03 + height): right & bottom,
+              (0.02, 0.97): ~right & top, (0.02, 0.03 + height): ~right & bottom}
+    x0, y0 = min(crowds, key=lambda corner: int(crowds[corner].sum()))  # the emptiest corner
+    return [ax.annotate(
+        text, point, xycoords="data", xytext=(0, -i * step), textcoords=OffsetFrom(ax, (x0, y0)),
+        ha="right" if x0 > 0.5 else "left", va="top", fontsize=fontsize,
+        bbox=dict(boxstyle="round,pad=0.15", facecolor="white", edgecolor="none", alpha=0.85),
+        arrowprops=dict(arrowstyle="-", color=COLORS["muted"], lw=0.6, shrinkA=0, shrinkB=3))
+        for i, (point, text) in enumerate(zip(points, texts, strict=True))]
 
 
 def roofline(ax, ceilings, *, lo: int, hi: int, **line_kwargs: Any) -> None:
@@ -164,7 +196,7 @@ def plot_op_roofline(ops: Sequence[OpCost], ax=None, *, accelerator: Accelerator
     roof = Ceilings.from_spec(accelerator, dtype)
     roofline(ax, roof, lo=-5, hi=14, lw=2, label=f"{accelerator.name} roof, {dtype} (spec)")
     ax.axvline(roof.ridge_intensity, color=COLORS["muted"], ls=":", lw=1)
-    for color, marker, op in zip(CYCLE * 2, MARKERS, ops, strict=False):
+    for (color, marker), op in zip(marker_styles(len(ops), "operations"), ops, strict=True):
         ax.plot([op.intensity], [roof.attainable_flop_per_s(op.intensity)], marker, color=color,
                 ms=7, label=op.name)
     finish(ax, title=f"Napkin roofline: operations on an {accelerator.name} ({dtype})",
@@ -192,7 +224,8 @@ def plot_bucket_sweeps(sweeps: dict[str, list[BucketPoint]], ax):
 
 def plot_plans(plans: list[planner.Plan], ax=None, *, label_top: int = 3):
     """Memory per device against step time, one point per mesh of `planner.plan`, the HBM as a
-    line; the best `label_top` labelled. Returns the axes."""
+    line; the best `label_top` that fit labelled with their rank, mesh and micro-batches, stacked
+    where they do not overprint (`label_points`). Returns the axes."""
     if ax is None:
         _, ax = subplots()
     fit = [p for p in plans if p.fits]
@@ -204,13 +237,12 @@ def plot_plans(plans: list[planner.Plan], ax=None, *, label_top: int = 3):
                        color=color, label=label)
     if plans:
         ax.axhline(plans[0].hbm_bytes / GB, color=COLORS["ceiling"], lw=1, label="HBM per device")
-    for p in fit[:label_top]:
-        d = p.dims
-        ax.annotate(f"dp {d.dp_replicate}x{d.dp_shard} tp {d.tp} pp {d.pp} cp {d.cp}",
-                    (p.step_s, p.memory.total / GB), fontsize=7, xytext=(4, 4),
-                    textcoords="offset points")
     finish(ax, xlabel="predicted step time (s)", ylabel="memory per device (GB)", logx=True,
            logy=True)
+    top = fit[:label_top]
+    label_points(ax, [(p.step_s, p.memory.total / GB) for p in top],
+                 [f"{i}. {mesh_text(p.dims)}, m = {p.microbatches}" for i, p in enumerate(top, 1)],
+                 avoid=[(p.step_s, p.memory.total / GB) for p in plans])
     return ax
 
 

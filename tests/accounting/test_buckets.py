@@ -74,3 +74,17 @@ def test_exposed_time_is_the_larger_of_the_tail_and_the_queue():
 def test_bad_arguments(call, error, message):
     with pytest.raises(error, match=message):
         call()
+
+
+def test_overlap_schedule_runs_one_all_reduce_at_a_time_from_when_its_bucket_is_ready():
+    ab = {"alpha_s": 1e-3, "bytes_per_s": 1e9}
+    slots = buckets.overlap_schedule([4e6, 4e6, 2e6], 0.010, 2, **ab)
+    # gradients at a steady rate: 10 MB over 10 ms, so buckets are ready at 4, 8 and 10 ms
+    assert [s.ready_s for s in slots] == pytest.approx([0.004, 0.008, 0.010])
+    # each all-reduce takes alpha-beta time: 2 (n-1) alpha + 2 (n-1)/n bytes / (bytes/s)
+    took = [s.end_s - s.start_s for s in slots]
+    assert took == pytest.approx([2e-3 + 4e-3, 2e-3 + 4e-3, 2e-3 + 2e-3])
+    assert slots[1].start_s == pytest.approx(max(0.008, slots[0].end_s))  # waits for the first
+    assert buckets.overlap_exposed_s([4e6, 4e6, 2e6], 0.010, 2, **ab) == pytest.approx(
+        slots[-1].end_s - 0.010)
+    assert buckets.overlap_exposed_s([], 0.010, 2, **ab) == 0.0

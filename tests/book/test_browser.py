@@ -5,6 +5,12 @@ index and every page in `_toc.yml`: the title is there, every image loaded (natu
 notebook pages show at least as many figures as their executed notebook produced, no cell shows an
 error or traceback, math is present where the source has math, and no JavaScript error beyond the
 two known harmless ones. A full-page screenshot of each page goes to `_build/screenshots/`.
+
+What a reader sees is measured by `page_survey` (run it as a script for the table of every page):
+at 1280 px no code block, output, table, figure or display equation is cut at the column's edge;
+at a 390-px phone width no paragraph, list, heading, admonition or figure is; every chapter shows
+at least `MIN_FIGURES` figures and at most `MAX_CODE_SHARE` of its column in visible code; every
+one-pager prints on at most `MAX_ONEPAGER_A4` A4 pages.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from page_survey import PHONE_BLOCKS, a4_pages, survey
 
 pytestmark = pytest.mark.browser
 
@@ -35,6 +42,11 @@ CHROMIUM_FLAGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
+MIN_FIGURES = 4
+MAX_CODE_SHARE = 0.15
+"""Of a chapter's column, the share that code a reader sees may take (hidden cells excluded)."""
+MAX_ONEPAGER_A4 = 2
+PHONE = {"width": 390, "height": 844}
 MATH_IN_SOURCE = re.compile(r"\$[^$\n]+\$|\$\$|\{math\}")
 
 
@@ -92,8 +104,8 @@ def browser():
         browser.close()
 
 
-def _open(browser, url: str):
-    page = browser.new_page(viewport={"width": 1280, "height": 900})
+def _open(browser, url: str, viewport: dict | None = None):
+    page = browser.new_page(viewport=viewport or {"width": 1280, "height": 900})
     js_errors: list[str] = []
     page.on("pageerror", lambda err: js_errors.append(str(err)))
     page.on("console", lambda msg: js_errors.append(msg.text) if msg.type == "error" else None)
@@ -140,6 +152,48 @@ def test_page_renders_cleanly(browser, name):
 
         unexpected = [e for e in js_errors if not any(h in e for h in HARMLESS_JS_ERRORS)]
         assert not unexpected, unexpected
+
+        seen = survey(page)
+        assert not seen["cut"], f"{len(seen['cut'])} blocks cut at 1280 px: {seen['cut'][:5]}"
+        if name.startswith("notebooks/"):
+            assert seen["figures"] >= MIN_FIGURES, f"{seen['figures']} figures shown"
+            assert seen["code_share"] <= MAX_CODE_SHARE, f"code is {seen['code_share']:.0%}"
         page.screenshot(path=str(SCREENSHOTS / f"{name.replace('/', '__')}.png"), full_page=True)
+    finally:
+        page.close()
+
+
+def test_page_contents_are_one_click_away_at_1280(browser):
+    """Below 1500 px the "On this page" column gives its width to the text (`_static/mlsys.css`);
+    the list button at the top right must still open the page's contents."""
+    page, _ = _open(browser, (HTML / "notebooks" / "04_bytes.html").as_uri())
+    try:
+        assert not page.locator("div.bd-sidebar-secondary").is_visible()
+        toggles = [b for b in page.locator("button.secondary-toggle").all() if b.is_visible()]
+        assert toggles, "no visible button opens the page's contents"
+        toggles[0].click()
+        drawer = page.locator("dialog#pst-secondary-sidebar-modal")
+        drawer.wait_for(state="visible", timeout=5_000)
+        assert drawer.locator("a").count() >= 3, "the drawer lists no sections"
+    finally:
+        page.close()
+
+
+@pytest.mark.parametrize("name", _pages())
+def test_prose_and_figures_fit_a_phone(browser, name):
+    page, _ = _open(browser, (HTML / f"{name}.html").as_uri(), viewport=PHONE)
+    try:
+        cut = survey(page, PHONE_BLOCKS)["cut"]
+        assert not cut, f"{len(cut)} blocks cut at {PHONE['width']} px: {cut[:5]}"
+    finally:
+        page.close()
+
+
+@pytest.mark.parametrize("name", [p for p in _pages() if p.endswith("_onepager")])
+def test_one_pager_prints_on_two_a4_pages(browser, name):
+    page, _ = _open(browser, (HTML / f"{name}.html").as_uri())
+    try:
+        pages = a4_pages(page)
+        assert 1 <= pages <= MAX_ONEPAGER_A4, f"{name} prints on {pages} A4 pages"
     finally:
         page.close()

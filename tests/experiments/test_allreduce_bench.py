@@ -86,3 +86,19 @@ def test_the_hand_written_ring_equals_all_reduce_and_sends_the_accounted_bytes()
         assert out["ring_calls"] == {"isend": 2 * (n - 1), "recv": 2 * (n - 1)}
         assert out["ring_sent_bytes"] == out["all_reduce_sent_bytes"] == \
             comms_cost.collective_cost("all_reduce", 4 * numel, n).sent_bytes
+
+
+def test_the_collectives_table_and_the_checked_ring_table():
+    table = allreduce_bench.collectives_table(ranks=(2, 8))
+    rows = {row[0]: row[1:] for row in table.rows}
+    assert rows["all-reduce"] == ["1", "1.75", "1.75", "14"]
+    assert rows["reduce-scatter"] == rows["all-gather"] == ["0.5", "0.875", "0.875", "7"]
+    numel, n = 999, 3
+    sent = comms_cost.collective_cost("all_reduce", 4 * numel, n).sent_bytes
+    good = {"max_abs_diff": 1e-7, "ring_sent_bytes": sent, "all_reduce_sent_bytes": sent,
+            "ring_calls": {"isend": 4, "recv": 4}}
+    assert len(allreduce_bench.ring_table([good] * n, numel).rows) == n
+    for bad in ({"max_abs_diff": 1e-3}, {"ring_sent_bytes": sent + 4},
+                {"ring_calls": {"isend": 2, "recv": 2}}):
+        with pytest.raises(AssertionError):
+            allreduce_bench.ring_table([good, {**good, **bad}, good], numel)

@@ -2,6 +2,10 @@
 prediction, and the table and verdicts read from "run" and "skipped" rows built here. (The
 torchrun jobs themselves run in the smoke records of tests/experiments/test_preflight.py.)"""
 
+import warnings
+
+import pytest
+
 from mlsys import hardware
 from mlsys.experiments import cluster_train
 
@@ -54,3 +58,18 @@ def test_the_table_and_verdicts_read_the_rows():
     assert cluster_train.scaling_verdict(rows[-3:-2]) == "One world size ran: nothing to compare."
     assert "0.60x, below the planner's bound" in cluster_train.mfu_verdict(rows[-3])
     assert cluster_train.mfu_verdict(rows[-2]) == "Measured MFU 28.0%; no prediction."
+
+
+def test_train_expecting_hands_back_the_expected_warning_and_shows_the_others(monkeypatch):
+    def loop(rank, argv):
+        warnings.warn(f"/tmp/x was saved by 2 ranks: {cluster_train.RNG_NOT_RESTORED}",
+                      UserWarning, stacklevel=1)
+        warnings.warn("something else", UserWarning, stacklevel=1)
+        return [{"step": 1}]
+
+    monkeypatch.setattr(cluster_train.loop, "train_in_launch", loop)
+    with pytest.warns(UserWarning, match="something else") as shown:
+        rows, said = cluster_train.train_expecting(None, [], cluster_train.RNG_NOT_RESTORED)
+    assert rows == [{"step": 1}] and len(said) == 1 and "saved by 2 ranks" in said[0]
+    assert [str(w.message) for w in shown] == ["something else"]
+

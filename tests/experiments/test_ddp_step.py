@@ -109,3 +109,14 @@ def test_the_chapter_reads_the_rows_through_tables_plots_and_the_target(bench_ro
     t["torch"] = {**t["torch"], "samples_s": [1.0, 1.0, 3.0, 5.0, 5.0], "p20_s": 1.0,
                   "p80_s": 5.0}
     assert ddp_step.torch_target(quiet).startswith("no verdict")
+
+
+def test_the_pages_sentences_and_record_views(monkeypatch):
+    table = ddp_step.sentences({"fit": "one rank only", "bandwidths": "one rank only",
+                                "zero": "each rank holds a shard"})
+    assert table.rows == [["fit", "one rank only"], ["zero", "each rank holds a shard"]]
+    views = ddp_step.record_views()
+    assert set(views["tables"]) == set(views["shows"]) == {"allreduce_bench", "ddp_step"}
+    monkeypatch.setattr(ddp_step, "verdicts", lambda rows: {"fit": f"{len(rows)} rows"})
+    said = views["shows"]["ddp_step"]({"results": [{}, {}]})  # the record's verdicts, as a table
+    assert said.rows == [["fit", "2 rows"]]

@@ -141,5 +141,28 @@ def test_show_recorded_shows_every_record_through_the_module(capsys, monkeypatch
     assert seen == [record, record]
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "timing_pitfalls: 2 record(s)"
-    assert lines[1:6] == [experiments.provenance_line(record), "1", "a sentence", "a", "b"]
-    assert len(lines) == 11
+    assert lines[1:7] == [*experiments.provenance_line(record).splitlines(), "1", "a sentence",
+                          "a", "b"]
+    assert len(lines) == 13
+
+
+def test_show_records_shows_what_exists_and_names_what_is_missing(monkeypatch):
+    shown = []
+    monkeypatch.setattr(experiments, "recorded", lambda name: [] if name == "compile_step"
+                        else [{"results": []}])
+    monkeypatch.setattr(experiments, "show_recorded",
+                        lambda name, **kwargs: shown.append((name, kwargs)))
+    draw = lambda record: None  # noqa: E731 (a stand-in for a page's drawing)
+    sentence = experiments.show_records(["step_profile", "compile_step", "step_memory"],
+                                        shows={"step_profile": draw})
+    assert [name for name, _ in shown] == ["step_profile", "step_memory"]
+    assert dict(shown)["step_profile"] == {"tables": None, "show": draw}
+    assert sentence == ("Not recorded yet: compile_step (`python -m mlsys.experiments "
+                        "compile_step` on a CUDA GPU records it).")
+    monkeypatch.setattr(experiments, "recorded", lambda name: [])
+    assert experiments.show_records(["ddp_step", "allreduce_bench"]).endswith(
+        "ddp_step allreduce_bench` on a CUDA GPU records them).")
+    monkeypatch.setattr(experiments, "recorded", lambda name: [{"results": []}])
+    assert experiments.show_records(["ddp_step"]) == ""
+    with pytest.raises(ValueError, match="names"):
+        experiments.show_records(["no_such_experiment"])

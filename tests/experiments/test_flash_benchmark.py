@@ -44,3 +44,25 @@ def test_recorded_forward_seconds_reads_only_the_named_gpus_records(tmp_path, mo
     monkeypatch.setattr(results, "RESULTS_DIR", tmp_path)
     assert flash_benchmark.recorded_forward_seconds(hardware.H100_SXM) == {(8, 512): 2e-3}
     assert flash_benchmark.recorded_forward_seconds(hardware.H200_SXM) == {}
+
+
+def test_plot_of_rows_without_the_combo_draws_no_legend_and_warns_nothing():
+    import warnings
+
+    import matplotlib.pyplot as plt
+
+    from mlsys.plotting import subplots
+
+    fig, ax = subplots()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "No artists with labels found to put in legend"
+        flash_benchmark.plot([], ax, dtype="bf16", causal=True, d_head=128)
+    assert ax.get_legend() is None and not ax.lines
+    row = {"kind": "row", "status": "ok", "implementation": "naive", "dtype": "bf16",
+           "causal": True, "d_head": 128, "seq": 512, "batch": 1, "problems": [],
+           "forward+backward": {"median_s": 1e-3, "p20_s": 1e-3, "p80_s": 1e-3,
+                                "samples_s": [1e-3]}}
+    flash_benchmark.plot([{"kind": "setup", "heads": 16}, row], ax, dtype="bf16", causal=True,
+                         d_head=128)
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["naive"]
+    plt.close(fig)

@@ -1,10 +1,14 @@
 """The mixed-precision chapter's live runs (`mlsys.experiments.mixed_precision`) on tiny models."""
 
+import math
+
 import pytest
 import torch
 
 from mlsys.experiments import mixed_precision as mp
 from mlsys.models.config import TransformerConfig
+from mlsys.models.transformer import Transformer
+from mlsys.numerics.loss_scaling import DynamicLossScaler
 
 TINY = TransformerConfig(vocab_size=128, context_length=32, d_model=32, n_layers=1, n_heads=2,
                          d_ff=64)
@@ -107,3 +111,66 @@ def test_fp8_errors_on_a_real_layer_of_the_model():
     assert by[("none", "output")]["grad_flushed"] > 0.05  # tiny gradients vanish unscaled
     with pytest.raises(ValueError, match="must name an nn.Linear"):
         mp.fp8_linear_errors(TINY, layer="blocks.0.ffn_norm")
+
+
+def test_the_trace_keeps_the_largest_stored_gradient_of_every_step():
+    rows = mp.trace_loss_scale(TINY, steps=40, init_scale=2.0**24, growth_interval=4, batch=2,
+                               seq=8)
+    assert [r["finite"] for r in rows] == [math.isfinite(r["grad_amax"]) for r in rows]
+    kept = [r for r in rows if r["finite"]]
+    assert kept and all(r["grad_amax"] <= 65_504 for r in kept)  # stored in fp16
+    overflowed = [r for r in rows if not r["finite"]]
+    assert overflowed and all(r["scale"] > 2.0**10 for r in overflowed)
+    # the stored amax is the scale times a true amax that changes slowly from step to step
+    true = [r["grad_amax"] / r["scale"] for r in kept]
+    assert max(true) / min(true) < 100
+
+
+@pytest.mark.parametrize("finite, growth_interval", [
+    ([False, False, True, True, True, True, False, True], 2),
+    ([True] * 7 + [False] + [True] * 3, 3),
+    ([False] * 5, 1),
+])
+def test_gradscaler_scales_follow_the_rule_of_the_books_scaler(finite, growth_interval):
+    torch_scales = mp.gradscaler_scales(finite, init_scale=2.0**10,
+                                        growth_interval=growth_interval)
+    ours = DynamicLossScaler(2.0**10, growth_interval=growth_interval)
+    for ok in finite:
+        ours.update(ok)
+    assert torch_scales == [e.scale for e in ours.history]
+    with pytest.raises(TypeError, match=r"finite\[0\] must be a bool"):
+        mp.gradscaler_scales([1])
+
+
+def test_fp32_gradients_and_the_tables():
+    grads = mp.gradients(TINY, batch=2, seq=8)
+    assert set(grads) == {n for n, _ in Transformer(TINY).named_parameters()}
+    assert all(g.dtype == torch.float32 and torch.isfinite(g).all() for g in grads.values())
+    under = mp.gradient_underflow(TINY, batch=2, seq=8, scales=(1.0, 2.0**8))
+    table = mp.underflow_table(under)
+    assert [row[0] for row in table.rows] == ["1", "256"]
+    out = mp.stagnation(TINY, roundings=("none", "nearest"), steps=2, batch=2, seq=8)
+    rows = mp.stagnation_table(out).rows
+    assert [r[0] for r in rows] == [mp.STAGNATION_LABELS[k] for k in ("none", "nearest")]
+    assert rows[0][2] == "1.00"
+
+
+def test_the_sawtooth_summary_and_the_powers_as_text():
+    rows = [{"scale": 2.0**s, "finite": ok} for s, ok in
+            ((20, False), (19, False), (18, True), (18, True), (19, False), (18, True))]
+    assert mp.sawtooth_summary(rows) == {"settling": 2, "settled": "2¹⁸", "final": "2¹⁸",
+                                         "skips": 1, "skip_rate": 25.0}
+    with pytest.raises(ValueError, match="no step of the trace had finite gradients"):
+        mp.sawtooth_summary(rows[:2])
+    assert (mp.power_text(2.0**-25), mp.power_text(1.0), mp.power_text(3.0)) == ("2⁻²⁵", "2⁰", "3")
+    with pytest.raises(ValueError, match="x must be"):
+        mp.power_text(0.0)
+
+
+def test_norm_errors_and_first_step_stalls_of_the_model():
+    rows = mp.norm_errors(TINY, batch=2, seq=8)
+    by = {(r["dtype"], r["accumulate"]): r for r in rows}
+    assert by[("bf16", "torch")]["median_rel_error"] > by[("fp16", "torch")]["median_rel_error"]
+    assert len(mp.norm_table(rows).rows) == len(rows)
+    small, large = (mp.first_step_stalls(TINY, lr=lr) for lr in (1e-6, 1e-2))
+    assert 0 <= large < small <= 1  # larger steps move more of the bf16 weights

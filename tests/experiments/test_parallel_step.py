@@ -21,3 +21,14 @@ def test_the_planner_verdict_follows_the_numbers():
     assert [r["kind"] for r in no_link if r["kind"] in ("calibration", "planner")] == [
         "calibration"]
     assert "gave no link to calibrate on" in parallel_step.planner_verdict(no_link)
+
+
+def test_the_planner_table_fits_a_column_and_carries_every_term():
+    rows = planner_case(per_rank(), measured())
+    table = parallel_step.planner_table(rows)
+    runs = [r for r in rows if r["kind"] == "planner"]
+    assert len(table.header) == 5 and len(table.rows) == len(runs)
+    for row, r in zip(table.rows, runs, strict=True):
+        assert row[0] == r["run"]
+        assert row[2].endswith(f"({r['predicted_s'] / r['step']['median_s']:.2f}x)")
+        assert row[4].count(" + ") == 2

@@ -66,3 +66,9 @@ def test_the_seed_table_is_read_against_the_a100():
     text = step_benchmark.third_party_verdict(hardware.A100_80GB_SXM)
     assert "small took 1.02x as long at 256 tokens as at 128" in text
     assert "backward / forward ran from 1.53 to" in text
+
+
+def test_record_views_draw_the_trace_and_give_the_tables():
+    views = step_benchmark.record_views()
+    assert set(views["tables"]) == {"step_profile", "step_memory"}
+    assert views["shows"]["step_profile"]({"results": []}) is None  # an old record: no trace

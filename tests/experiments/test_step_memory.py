@@ -54,3 +54,15 @@ def test_the_seed_2p7b_arithmetic_is_checked():
                if r["measured_training_gb"])
 
 
+
+
+def test_step_memory_keeps_the_step_by_part(memory_rows):
+    got, want = step_memory.step_parts(memory_rows)
+    r = next(r for r in step_memory.steps(memory_rows) if "parts" in r)
+    _, at = got.peak()
+    assert sum(at.values()) == r["param_bytes"] + r["optimizer_bytes"] + step_memory.peak(r)[0]
+    assert {k: at[k] for k in ("activations", "gradients", "temporaries")} == r["at_peak"]
+    assert want.phases == got.phases and want.kind == "predicted"
+    n = step_memory.setup(memory_rows)["n_params"]
+    assert max(want.total()) == 12 * n + max(4 * n, step_memory.predicted(
+        memory_rows, r["seq"]).total_bytes)

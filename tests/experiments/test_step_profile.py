@@ -58,3 +58,10 @@ def test_step_profile_verdicts_follow_the_numbers(profile_rows):
     assert "took 4.00x the plain one" in text["overhead"]
     core.update(scores={**fast, "samples_s": [1e-3, 1e-3, 1e-3, 9e-3, 9e-3, 9e-3]})
     assert "no verdict" in step_profile.verdicts(rows)["attention"]
+
+
+def test_step_profile_keeps_a_trace_of_the_first_forward(profile_rows):
+    trace = step_profile.trace(profile_rows)
+    assert len(trace.host) == step_profile.TRACE_OPS and trace.device
+    assert "forward of `debug`" in trace.source and 0 < trace.idle_fraction() < 1
+    assert step_profile.trace([r for r in profile_rows if r["kind"] != "trace"]) is None

@@ -6,6 +6,7 @@ import matplotlib
 import pytest
 
 from mlsys.accounting import memory
+from mlsys.accounting.params import count_params
 from mlsys.experiments import kit, training_memory
 from mlsys.models.config import TransformerConfig
 
@@ -73,13 +74,24 @@ def test_the_forward_saves_what_the_accounting_predicts(rows):
 def test_tables_verdicts_and_plot(rows):
     import matplotlib.pyplot as plt
 
-    assert len(training_memory.table(rows).rows) == len(training_memory.RUNS)
-    steps = training_memory.SIZES["smoke"].steps
-    assert len(training_memory.phase_table(rows).rows) == 1 + len(training_memory.PHASES) * steps
+    table = training_memory.table(rows)
+    assert table.header[1:] == list(training_memory.RUNS)  # one column per run: a narrow table
+    assert table.rows[0][1:] == [f"`{recipe}`" for *_, recipe in training_memory.RUNS.values()]
     v = training_memory.verdicts(rows)
     assert v["states"].startswith("in every run the allocator holds exactly")
     assert v["forward"].startswith("in every run it grows the allocation by what autograd saves")
     assert "pure bf16 holds 0.50x" in v["compare"]
+    assert v["exactness"] == "to the byte"  # the CPU allocator reports the bytes requested
+    training_memory.check_laws(rows)
+    broken = [dict(r, saved_bytes=[b + 10**6 for b in r["saved_bytes"]]) if r["kind"] == "run"
+              else r for r in rows]  # the forward would save more than it grows by
+    with pytest.raises(AssertionError, match="forward growth"):
+        training_memory.check_laws(broken)
+    page = training_memory.page_numbers(rows)
+    sizes = training_memory.SIZES["smoke"]
+    assert (page["preset"], page["batch"], page["seq"]) == (sizes.preset, sizes.batch, sizes.seq)
+    assert page["params"] == count_params(TransformerConfig.preset(sizes.preset))
+    assert page["exactness"] == v["exactness"] and page["method"]
     fig, ax = plt.subplots()
     training_memory.plot(rows, ax, title="t")
     assert len(ax.lines) == 3 * len(training_memory.RUNS)

@@ -5,9 +5,10 @@ DDP all-reduces the gradients in buckets, in the order they become ready (revers
 for a sequential model); each bucket's ring all-reduce (`comms.collective_time_s`, alpha-beta)
 starts once its gradients are ready and the previous all-reduce is done. Small buckets start early
 but pay alpha many times; large ones start late and leave a long last all-reduce after the
-backward. `overlap_exposed_s` is the communication left when the backward ends, `exposed_bounds_s`
-its two lower bounds (tail and queue), `bucket_sweep` and `best_bucket_cap` the trade-off over
-bucket caps. Pure: no torch. Used in: §sec-data-parallel (chapter 08), `mlsys.distributed.ddp`.
+backward. `overlap_schedule` times each bucket, `overlap_exposed_s` is the communication left
+when the backward ends, `exposed_bounds_s` its two lower bounds (tail and queue), `bucket_sweep`
+and `best_bucket_cap` the trade-off over bucket caps. Pure: no torch. Used in:
+§sec-data-parallel (chapter 08), `mlsys.distributed.ddp`, `mlsys.diagrams.collectives`.
 """
 
 from __future__ import annotations
@@ -36,10 +37,22 @@ def buckets(tensor_bytes: Sequence[int], cap_bytes: float) -> list[list[int]]:
     return out
 
 
-def overlap_exposed_s(bucket_bytes: Sequence[float], backward_s: float, n_ranks: int, *,
-                      alpha_s: float, bytes_per_s: float) -> float:
-    """Communication left after the backward pass ends when each bucket's all-reduce starts as soon
-    as its gradients are ready and the previous all-reduce is done.
+@dataclass(frozen=True)
+class BucketSlot:
+    """One bucket of `overlap_schedule`: its bytes, when the backward starts and finishes its
+    gradients, and when its all-reduce starts and ends (seconds from the backward's start)."""
+
+    bytes: float
+    first_s: float
+    ready_s: float
+    start_s: float
+    end_s: float
+
+
+def overlap_schedule(bucket_bytes: Sequence[float], backward_s: float, n_ranks: int, *,
+                     alpha_s: float, bytes_per_s: float) -> list[BucketSlot]:
+    """Each bucket's timing when its all-reduce starts as soon as its gradients are ready and the
+    previous all-reduce is done.
 
     Gradients are assumed to appear at a steady rate in bytes over `backward_s`. The trade-off:
     small buckets start early but pay `alpha` many times; large ones start late and leave a long
@@ -47,14 +60,25 @@ def overlap_exposed_s(bucket_bytes: Sequence[float], backward_s: float, n_ranks:
     """
     sizes = [checks.nonnegative(b, f"bucket_bytes[{i}]") for i, b in enumerate(bucket_bytes)]
     backward = checks.nonnegative(backward_s, "backward_s")
-    total = sum(sizes)
-    ready, end = 0.0, 0.0
+    total, done, end, slots = sum(sizes), 0.0, 0.0, []
     for size in sizes:
-        ready += size
-        start = max(backward * ready / total if total else backward, end)
+        first = backward * done / total if total else 0.0
+        done += size
+        ready = backward * done / total if total else backward
+        start = max(ready, end)
         end = start + collective_time_s("all_reduce", size, n_ranks, alpha_s=alpha_s,
                                         bytes_per_s=bytes_per_s)
-    return max(end - backward, 0.0)
+        slots.append(BucketSlot(size, first, ready, start, end))
+    return slots
+
+
+def overlap_exposed_s(bucket_bytes: Sequence[float], backward_s: float, n_ranks: int, *,
+                      alpha_s: float, bytes_per_s: float) -> float:
+    """Communication left after the backward pass ends (`overlap_schedule`'s last all-reduce
+    past `backward_s`), 0 when the backward hides it all."""
+    slots = overlap_schedule(bucket_bytes, backward_s, n_ranks, alpha_s=alpha_s,
+                             bytes_per_s=bytes_per_s)
+    return max(slots[-1].end_s - backward_s, 0.0) if slots else 0.0
 
 
 def exposed_bounds_s(bucket_bytes: Sequence[float], backward_s: float, n_ranks: int, *,

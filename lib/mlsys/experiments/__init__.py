@@ -174,11 +174,12 @@ def write(record: dict[str, Any], out_dir: Path | None = None, *, force: bool = 
 
 
 def provenance_line(record: Mapping[str, Any]) -> str:
-    """One line naming what produced a record: device, versions, date, commit and command."""
+    """Two lines naming what produced a record, each short enough for the page: device,
+    versions and date; then the commit and the command."""
     p = record["provenance"]
     return (f"{p['device']} | torch {p['torch_version']} | triton {p['triton_version']} | "
-            f"CUDA {p['cuda_version']} | {p['date'][:10]} | commit {p['git_commit']} | "
-            f"$ {p['command']}")
+            f"CUDA {p['cuda_version']} | {p['date'][:10]}\n"
+            f"commit {p['git_commit']} | $ {p['command']}")
 
 
 def no_record_text(name: str) -> str:
@@ -187,6 +188,25 @@ def no_record_text(name: str) -> str:
     return (f"No GPU record of `{name}` exists yet. On a machine with a CUDA GPU, "
             f"`python -m mlsys.experiments {name}` writes `results/<device>/{name}.json`, "
             "and this page then shows it here beside the live run.")
+
+
+def show_records(names: Sequence[str], *,
+                 tables: Mapping[str, Sequence[Callable[[Rows], Any]]] | None = None,
+                 shows: Mapping[str, Callable[[dict[str, Any]], Any]] | None = None) -> str:
+    """A chapter's "Recorded GPU results" for experiments `names`: every record of each shown by
+    `show_recorded` (with `tables[name]` and `shows[name]` where given). Returns one sentence
+    naming the experiments not recorded yet and the command that records them, "" when every
+    one has a record: the page glues it instead of printing a "No GPU record" per experiment."""
+    for name in names:
+        checks.choice(name, "names", NAMES)
+    tables, shows = tables or {}, shows or {}
+    missing = [name for name in names if not recorded(name)]
+    for name in (name for name in names if name not in missing):
+        show_recorded(name, tables=tables.get(name), show=shows.get(name))
+    if not missing:
+        return ""
+    return (f"Not recorded yet: {', '.join(missing)} (`python -m mlsys.experiments "
+            f"{' '.join(missing)}` on a CUDA GPU records {'it' if len(missing) == 1 else 'them'}).")
 
 
 def module(name: str) -> Any:

@@ -12,7 +12,10 @@ On a CPU the ranks are gloo processes on one machine: the sizes are small and th
 memory and the kernel's loopback. On GPUs the ranks are NCCL processes, one per GPU; a machine
 with one GPU cannot run 2 ranks, so it records one-rank rows (no bytes cross a link) and a row
 that says why. `third_party_fit` fits the same model to the seed's 2-GPU NCCL table.
-Used in: §sec-data-parallel (chapter 08).
+`collectives_table` tabulates every collective's bytes, and `ring_check` / `ring_table` check the
+hand-written ring against `dist.all_reduce` on live ranks. A little over 300 lines: one module,
+since the live run, the seed's table and the ring are read with the same alpha-beta model and
+bandwidths, on the same page. Used in: §sec-data-parallel (chapter 08).
 """
 
 from __future__ import annotations
@@ -182,6 +185,22 @@ def plot(rows: list[dict[str, Any]], axes) -> None:
            ylabel="GB/s", logx=2)
 
 
+def collectives_table(ranks: tuple[int, int] = (2, 8)) -> Table:
+    """Every collective of `accounting.comms` per byte of message: sent per rank at both rank
+    counts, and the bus factor and ring steps at the larger. Asserts that an all-reduce is a
+    reduce-scatter and an all-gather, in bytes and in steps."""
+    few, many = ranks
+    cost = {(c, n): comms_cost.collective_cost(c, 1.0, n)
+            for c in comms_cost.COLLECTIVES for n in ranks}
+    ar, rs, ag = (cost[c, many] for c in ("all_reduce", "reduce_scatter", "all_gather"))
+    assert ar.sent_bytes == rs.sent_bytes + ag.sent_bytes and ar.steps == rs.steps + ag.steps
+    return Table(["collective", f"sent / M (n = {few})", f"(n = {many})",
+                  f"bus factor (n = {many})", f"ring steps (n = {many})"],
+                 [[c.replace("_", "-"), f"{cost[c, few].sent_bytes:.3g}",
+                   f"{cost[c, many].sent_bytes:.3g}", f"{cost[c, many].bus_factor:.3g}",
+                   cost[c, many].steps] for c in comms_cost.COLLECTIVES])
+
+
 def ring_check(rank, numel: int, seed: int = 0) -> dict[str, Any]:
     """On one rank: `distributed.comms.ring_all_reduce` of `numel` random float32 values against
     `dist.all_reduce` of the same tensor, with the bytes and calls each made (runs in a rank)."""
@@ -196,6 +215,21 @@ def ring_check(rank, numel: int, seed: int = 0) -> dict[str, Any]:
             "ring_calls": dict(ring.calls), "all_reduce_sent_bytes": library.sent_bytes}
 
 
+def ring_table(outs: list[dict[str, Any]], numel: int) -> Table:
+    """The ranks' `ring_check` results as a table, after asserting on each rank: the ring's sum
+    equals `dist.all_reduce`'s to rounding, it sent the accounting's 2 (n-1)/n M bytes, and it made
+    2 (n-1) sends and as many receives."""
+    n = len(outs)
+    predicted = comms_cost.collective_cost("all_reduce", 4 * numel, n).sent_bytes
+    for out in outs:
+        assert out["max_abs_diff"] < 1e-5 and out["ring_sent_bytes"] == predicted, out
+        assert out["ring_calls"] == {"isend": 2 * (n - 1), "recv": 2 * (n - 1)}, out
+    return Table(["rank", "max |ring - all_reduce|", "ring sent (MB)", "2(n-1)/n M (MB)", "calls"],
+                 [[r, f"{o['max_abs_diff']:.1e}", num(o["ring_sent_bytes"] / 1e6),
+                   num(predicted / 1e6), ", ".join(f"{k} × {v}" for k, v in calls.items())]
+                  for r, o in enumerate(outs) for calls in [o["ring_calls"]]])
+
+
 def third_party_fit(world_size: int = 2) -> comms_cost.AlphaBeta:
     """The alpha-beta model fitted to the seed's NCCL table at `world_size` (2: four sizes)."""
     points = [r for r in third_party.CS336_STUDENT_ALLREDUCE if r.world_size == world_size]
@@ -204,10 +238,14 @@ def third_party_fit(world_size: int = 2) -> comms_cost.AlphaBeta:
 
 
 def third_party_rows() -> list[dict[str, Any]]:
-    """The seed's table with its printed "GB/s", the GB/s it really is, and the 2-rank fit."""
+    """The seed's table with its printed "GB/s", the GB/s it really is, and the 2-rank fit.
+    Asserts that each printed "GB/s" is the bus bandwidth in GiB/s, to the rounding of the
+    times (`comms_cost.claimed_effective_gb_per_s`)."""
     fit = third_party_fit()
     out = []
     for r in third_party.CS336_STUDENT_ALLREDUCE:
+        claimed = comms_cost.claimed_effective_gb_per_s(r.message_bytes, r.mean_s, r.world_size)
+        assert abs(claimed / r.claimed_gb_per_s - 1) < 6e-3, r
         out.append({"world_size": r.world_size, "message_bytes": r.message_bytes,
                     "mean_s": r.mean_s, "claimed_gb_per_s": r.claimed_gb_per_s,
                     "algbw_bytes_per_s": comms_cost.algorithm_bandwidth(r.message_bytes, r.mean_s),

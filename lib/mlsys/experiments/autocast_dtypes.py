@@ -7,7 +7,9 @@ input and output, the gradient flowing back into it, and its parameters' gradien
 and the narrowest format that holds their values); the loss's dtype too. CPU and CUDA autocast
 keep different op lists (on a CPU, LayerNorm after a bf16 matmul runs in bf16; CUDA's list runs
 layer_norm in fp32), so the same function gives each device's own table; `seed_check` compares
-it with the seed's answer for fp16 on a GPU. Used in: §sec-mixed-precision.
+it with the seed's answer for fp16 on a GPU; `dtype_map` and `map_panels` shape the rows of a few
+modules for `mlsys.diagrams.precision.draw_autocast_map`, the live run beside the GPU record.
+Used in: §sec-mixed-precision.
 """
 
 from __future__ import annotations
@@ -148,6 +150,46 @@ def seed_check(rows: list[dict[str, Any]]) -> dict[str, str]:
     return {item: (f"measured {measured[item]} (the seed: {claim})" if measured[item] != claim
                    else f"measured {measured[item]}, as the seed says")
             for item, claim in SEED_FP16_ANSWER.items()}
+
+
+MAP_MODULES = {"toy": ("fc1", "relu", "ln", "fc2"),
+               "transformer": ("blocks.0.attn_norm", "blocks.0.attn.q_proj", "blocks.0.attn.o_proj",
+                               "blocks.0.ffn_norm", "blocks.0.ffn.w1", "blocks.0.ffn.w2",
+                               "lm_head")}
+"""The modules the autocast map shows: the seed's toy model, and one block and the head of the
+book's model (the other blocks repeat it)."""
+MAP_COLUMNS = {"weights": "parameters", "matmul reads": "matmul reads", "output": "output",
+               "weight grads stored/values": "parameter grads (stored/exact in)"}
+"""The map's columns: its label -> the recorder's column."""
+MAP_PREFIX = {"toy": "toy", "transformer": "LM"}
+
+
+def dtype_map(rows: list[dict[str, Any]], *, dtype: str = "fp16") -> dict[str, dict[str, str]]:
+    """Row label -> map column -> dtype for the modules of `MAP_MODULES` and each model's loss,
+    from `run`'s rows (live or recorded) under autocast to `dtype`; repeated entries of a cell
+    ("fp32/fp32, fp32/fp32") are given once."""
+    checks.choice(dtype, "dtype", DTYPES)
+    out: dict[str, dict[str, str]] = {}
+    for model, paths in MAP_MODULES.items():
+        for path in paths:
+            r = module(rows, model, dtype, path)
+            label = f"{MAP_PREFIX[model]} {path.rsplit('.', 1)[-1]} ({r['type']})"
+            out[label] = {col: ", ".join(dict.fromkeys(r[key].split(", ")))
+                          for col, key in MAP_COLUMNS.items()}
+        out[f"{MAP_PREFIX[model]} loss"] = {col: "-" for col in MAP_COLUMNS} | {
+            "output": loss_dtype(rows, model, dtype)}
+    return out
+
+
+def map_panels(live: list[dict[str, Any]], recorded: list[dict[str, Any]] | None = None, *,
+               dtype: str = "fp16") -> dict[str, dict[str, dict[str, str]]]:
+    """Panel title -> `dtype_map`: the live rows of this device, then those of each record
+    (`mlsys.experiments.recorded("autocast_dtypes")`: dicts with "provenance" and "results")."""
+    panels = {f"{live[0]['device_type']} (live, {dtype} autocast)": dtype_map(live, dtype=dtype)}
+    for record in recorded or []:
+        title = f"{record['provenance']['device']} (recorded)"
+        panels[title] = dtype_map(record["results"], dtype=dtype)
+    return panels
 
 
 EXPERIMENT = Experiment(

@@ -27,7 +27,7 @@ from mlsys import bench
 from mlsys.accounting import comms as comms_cost
 from mlsys.accounting.buckets import best_bucket_cap, bucket_bytes, overlap_exposed_s
 from mlsys.book import Table, num, verdict
-from mlsys.experiments import Experiment, kit, timing_of
+from mlsys.experiments import Experiment, allreduce_bench, kit, timing_of
 from mlsys.experiments.ddp_step_run import MIB, PHASES, SIZES, run
 from mlsys.experiments.kit import setup
 
@@ -197,6 +197,26 @@ def torch_target(rows: list[dict[str, Any]]) -> str:
                    f"{setup(rows)['world_size']} {setup(rows)['backend']} ranks of "
                    f"{setup(rows)['device']})",
                    bench.noise_problems({"ours": ours, "torch": theirs}))
+
+
+def sentences(said: dict[str, str]) -> Table:
+    """Verdicts (`verdicts`, `ddp_step.verdicts`: topic -> sentence) as a narrow table whose cells
+    wrap, each sentence once: what a page shows of a run, live or recorded."""
+    first: dict[str, str] = {}
+    for key, text in said.items():
+        first.setdefault(text, key)
+    return Table(["", "what the run says"], [[key, text] for text, key in first.items()])
+
+
+def record_views() -> dict[str, Any]:
+    """How the page shows each record of `allreduce_bench` and of this experiment
+    (`experiments.show_records`'s `tables` and `shows`): the tables, then the verdicts as
+    `sentences`."""
+    return {"tables": {"allreduce_bench": [allreduce_bench.table],
+                       "ddp_step": [table, bucket_table, accumulation_table, zero_table]},
+            "shows": {"allreduce_bench": lambda record: sentences(
+                          allreduce_bench.verdicts(record["results"])),
+                      "ddp_step": lambda record: sentences(verdicts(record["results"]))}}
 
 
 def accumulation_table(rows: list[dict[str, Any]]) -> Table:

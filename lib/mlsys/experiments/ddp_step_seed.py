@@ -6,8 +6,10 @@ The xl model's fp32 gradients are its parameters' sizes, read from the model bui
 device. Naive DDP all-reduces them one by one after the backward, flat DDP once, and bucketed DDP
 starts a 25 MiB bucket's all-reduce as soon as its gradients are ready, the backward meeting the
 last layers first (`accounting.buckets.overlap_exposed_s`). `third_party_numbers` checks what the
-seed's runs show against those predictions and gives the page its numbers. Times in seconds,
-sizes in bytes. Used in: §sec-data-parallel (chapter 08).
+seed's runs show against those predictions and gives the page its numbers. The same step in bf16
+on faster GPUs (`bf16_case`) sets the bucket size (`bucket_sweeps`), and `zero_traffic` sets the
+seed's ZeRO formulas beside `accounting.zero`. Times in seconds, sizes in bytes.
+Used in: §sec-data-parallel (chapter 08).
 """
 
 from __future__ import annotations
@@ -20,7 +22,15 @@ import torch
 
 from mlsys import hardware, third_party
 from mlsys.accounting import comms as comms_cost
-from mlsys.accounting.buckets import bucket_bytes, overlap_exposed_s
+from mlsys.accounting import flops
+from mlsys.accounting.buckets import (
+    BucketPoint,
+    best_bucket_cap,
+    bucket_bytes,
+    bucket_sweep,
+    overlap_exposed_s,
+)
+from mlsys.accounting.zero import STAGES, claimed_zero_sent_bytes, zero_sent_bytes
 from mlsys.book import Table, num
 from mlsys.experiments.allreduce_bench import third_party_fit
 from mlsys.models.config import TransformerConfig
@@ -110,3 +120,80 @@ def third_party_numbers(rows: list[dict[str, Any]]) -> dict[str, float]:
             "xl_hidden_ms": (naive_run["communication_s"] - overlap_run["communication_s"]) * 1e3,
             "xl_slower_bwd_ms": (overlap_run["backward_s"] - naive_run["backward_s"]) * 1e3,
             "xl_saved_ms": (naive_run["step_s"] - overlap_run["step_s"]) * 1e3}
+
+
+# --- the same step elsewhere: bf16 on faster GPUs, bucket caps, ZeRO's traffic -----------------
+
+
+def bf16_case(accelerator: hardware.Accelerator, batch: int, seq: int, *, preset: str = "xl",
+              links: Sequence[str] = ("nvlink4", "pcie5")) -> dict[str, Any]:
+    """The seed's step in bf16 on two `accelerator`s: the gradients in the order the backward
+    makes them ("sizes", bytes, the last layers first), a backward at the bf16 peak ("backward_s",
+    twice the forward's matmul FLOPs) and, per link of `links`, the alpha-beta model with the
+    seed's fitted alpha and the link's spec ("links": keyword arguments of `accounting.comms`)."""
+    cfg = TransformerConfig.preset(preset)
+    backward = (2 * flops.transformer_flops(cfg, batch, seq).forward_matmul_flops
+                / accelerator.peak_flop_per_s("bf16"))
+    alpha = third_party_fit().alpha_s
+    return {"sizes": [b // 2 for b in grad_bytes(preset)[::-1]], "backward_s": backward,
+            "links": {k: {"alpha_s": alpha, "bytes_per_s": hardware.LINKS[k].bytes_per_s}
+                      for k in links}}
+
+
+def bucket_sweeps(caps_bytes: Sequence[float], case: dict[str, Any], seed_backward_s: float, *,
+                  fast: str = "nvlink4", slow: str = "pcie5"
+                  ) -> tuple[dict[str, list[BucketPoint]], dict[str, Any]]:
+    """The exposed communication against the bucket cap (`accounting.buckets.bucket_sweep`): the
+    seed's fp32 run on its A100s (their backward `seed_backward_s`, their fit) and `case`
+    (`bf16_case`) over the link `fast`. Asserts what the page says: every point at least the
+    larger of its bounds; neither extreme cap best; the best only the tail, the embedding's
+    gradient (ready last), at PyTorch's 25 MiB among others; over `slow` the queue rules. Returns
+    the sweeps and the page's numbers (ms; "valley": the caps within 1% of the best, MiB)."""
+    fit = third_party_fit()
+    ab = {"alpha_s": fit.alpha_s, "bytes_per_s": fit.bytes_per_s}
+    sizes, backward, links = case["sizes"], case["backward_s"], case["links"]
+    sweeps = {"seed: 2 A100s, fp32, their backward": bucket_sweep(
+                  grad_bytes("xl")[::-1], seed_backward_s, WORLD, caps_bytes=caps_bytes, **ab),
+              "2 H100s, bf16, backward at peak": bucket_sweep(
+                  sizes, backward, WORLD, caps_bytes=caps_bytes, **links[fast])}
+    assert all(p.exposed_s >= max(p.tail_s, p.queue_s) * (1 - 1e-9)
+               for s in sweeps.values() for p in s)
+    points = sweeps["2 H100s, bf16, backward at peak"]
+    best = min(p.exposed_s for p in points)
+    assert best < min(points[0].exposed_s, points[-1].exposed_s)  # neither extreme is best
+    valley = [p.cap_bytes / MIB for p in points if p.exposed_s <= 1.01 * best]
+    assert 25 in valley and math.isclose(best, comms_cost.collective_time_s(
+        "all_reduce", sizes[-1], WORLD, **links[fast]))  # the tail: the embedding's gradient
+    _, slow_s = best_bucket_cap(sizes, backward, WORLD, caps_bytes=caps_bytes, **links[slow])
+    assert slow_s > comms_cost.all_reduces_s([sum(sizes)], WORLD, **links[slow]) - backward
+    return sweeps, {
+        "bwd_fast_ms": backward * 1e3, "pcie_best_ms": slow_s * 1e3, "best_ms": best * 1e3,
+        "fast_comm_ms": comms_cost.all_reduces_s([sum(sizes)], WORLD, **links[fast]) * 1e3,
+        "valley": " to ".join(dict.fromkeys(num(c) for c in (valley[0], valley[-1])))}
+
+
+def sweep_table(points: Sequence[BucketPoint]) -> Table:
+    """One bucket sweep (`bucket_sweeps`): per cap, the buckets, both bounds and the exposed
+    communication, in ms."""
+    return Table(["cap MiB", "buckets", "tail ms", "queue ms", "exposed ms"],
+                 [[num(p.cap_bytes / MIB), p.buckets, num(p.tail_s * 1e3), num(p.queue_s * 1e3),
+                   num(p.exposed_s * 1e3)] for p in points])
+
+
+def zero_traffic(n_params: int, n_ranks: int, n_layers: int) -> tuple[dict[str, float], Table]:
+    """What each ZeRO stage sends per GPU per step (`accounting.zero.zero_sent_bytes`, fp32)
+    against the seed's one-pager (`claimed_zero_sent_bytes`, with fp32 gradients and AdamW's
+    moments as its M and O). Asserts that stages 1 and 2 send what data parallelism sends and
+    stage 3 1.5x, and that the seed's stage 1 sends over twice that, its stage 2 less, its stage 3
+    over twice stage 3's. Returns the seed's stages as multiples of data parallelism, and the
+    table (GB)."""
+    right = {s: sum(zero_sent_bytes(n_params, n_ranks, s).values()) for s in STAGES}
+    claim = {s: claimed_zero_sent_bytes(s, 4 * n_params, n_ranks, n_layers=n_layers,
+                                        optimizer_bytes=8 * n_params) for s in STAGES}
+    assert right[1] == right[2] == right[0] and math.isclose(right[3], 1.5 * right[0])
+    assert claim[1] > 2 * right[0] and claim[2] < right[0] and claim[3] > 2 * right[3]
+    return ({f"claim_s{s}": claim[s] / right[0] for s in (1, 2, 3)},
+            Table(["stage", "sent per GPU (GB)", "× data parallelism", "seed's formula (GB)",
+                   "seed / right"],
+                  [[s, num(right[s] / 1e9), f"{right[s] / right[0]:.2f}", num(claim[s] / 1e9),
+                    f"{claim[s] / right[s]:.2f}"] for s in STAGES]))

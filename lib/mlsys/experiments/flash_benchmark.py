@@ -287,7 +287,6 @@ def plot(rows: list[dict[str, Any]], ax, *, dtype: str, causal: bool, d_head: in
                     marker + "-", color=color, label=name)
     finish(ax, title=f"{mode}: {dtype}, {'causal' if causal else 'not causal'}, d={d_head}",
            xlabel="sequence length", ylabel="TFLOP/s (useful work)", logx=2, logy=True)
-    ax.legend(fontsize=7)
 
 
 EXPERIMENT = Experiment(

@@ -59,18 +59,17 @@ def block_table(cfg: TransformerConfig, batch: int, seq: int) -> Table:
     for name, value in lf.as_dict().items():
         text, formula = BLOCK_FORMULAS[name]
         assert value == formula(batch, seq, cfg.d_model, cfg.n_heads, cfg.d_ff), name
-        kind = "matmul" if name in lf.MATMUL_TERMS else "elementwise (estimate)"
+        kind = "matmul" if name in lf.MATMUL_TERMS else "elementwise (est.)"
         rows.append([f"`{name}`", kind, text, f"{value / 1e9:,.3f}", f"{value / total:.1%}"])
     rows.append(["block", "", "", f"{total / 1e9:,.3f}", "100%"])
-    return Table(["component", "kind", "forward FLOPs (formula)", "GFLOP", "share of the block"],
-                 rows)
+    return Table(["component", "kind", "formula", "GFLOP", "share"], rows)
 
 
 def preset_counts(presets: Sequence[str], batch: int, seq: int,
                   backward: Sequence[str]) -> tuple[Table, dict[str, int]]:
-    """Per preset: the forward's matmul FLOPs, analytic and counted (asserted equal), and for the
-    presets in `backward` the forward + backward counted (asserted 3x the forward). Returns the
-    table and the counted forward of each preset."""
+    """Per preset: the forward's matmul FLOPs, analytic and counted (asserted equal, shown once),
+    and for the presets in `backward` the forward + backward counted (asserted equal to the
+    analytic 3x the forward). Returns the table and the counted forward of each preset."""
     rows, counted = [], {}
     for name in presets:
         cfg = TransformerConfig.preset(name)
@@ -78,22 +77,21 @@ def preset_counts(presets: Sequence[str], batch: int, seq: int,
         forward = count_model_flops(cfg, batch, seq).get_total_flops()
         assert forward == predicted.forward_matmul_flops, name
         counted[name] = forward
-        row = [f"`{name}`", f"{predicted.forward_matmul_flops:,}", f"{forward:,}",
-               f"{predicted.training_matmul_flops:,}"]
+        row = [f"`{name}`", num(forward / 1e9, 4)]
         if name in backward:
             both = count_model_flops(cfg, batch, seq, backward=True).get_total_flops()
             assert both == predicted.training_matmul_flops == 3 * forward
-            row += [f"{both:,}", f"{both / forward:g}"]
+            row += [num(both / 1e9, 4), f"{both / forward:g}"]
         else:
             row += ["(not run in this profile)", ""]
         rows.append(row)
-    return Table(["preset", "forward (analytic)", "forward (counter)", "fwd + bwd (analytic, 3×)",
-                  "fwd + bwd (counter)", "counter ratio"], rows), counted
+    return Table(["preset", "forward GFLOP (analytic = counter)", "fwd + bwd GFLOP (counter)",
+                  "fwd + bwd / fwd"], rows), counted
 
 
 def six_n_table(presets: Sequence[str]) -> Table:
-    """Per preset at its context length: N, N_matmul, the embedding's share of N, 6N and the
-    detailed count per token (asserted equal to 6 N_matmul + 12 L T D), and their ratio."""
+    """Per preset at its context length: N and N_matmul (millions), 6N and the detailed count per
+    token (asserted equal to 6 N_matmul + 12 L T D), and their ratio."""
     rows = []
     for name in presets:
         cfg = TransformerConfig.preset(name)
@@ -101,11 +99,10 @@ def six_n_table(presets: Sequence[str]) -> Table:
         detailed = flops.training_flops_per_token(cfg, seq)
         assert detailed == 6 * pc.matmul + 12 * cfg.n_layers * seq * cfg.d_model  # the formula
         six_n = flops.six_n_flops_per_token(pc.total)
-        rows.append([f"`{name}`", seq, f"{pc.total:,}", f"{pc.matmul:,}",
-                     f"{pc.embedding / pc.total:.1%}", num(six_n / 1e9), num(detailed / 1e9),
-                     f"{detailed / six_n:.3f}"])
-    return Table(["preset", "T (its context)", "N", "N_matmul", "embedding share of N",
-                  "6N (GFLOP/token)", "detailed (GFLOP/token)", "detailed / 6N"], rows)
+        rows.append([f"`{name}`", f"{seq:,}", num(pc.total / 1e6), num(pc.matmul / 1e6),
+                     num(six_n / 1e9), num(detailed / 1e9), f"{detailed / six_n:.3f}"])
+    return Table(["preset", "T (its context)", "N (M)", "N_matmul (M)", "6N (GFLOP/token)",
+                  "detailed (GFLOP/token)", "detailed / 6N"], rows)
 
 
 def plot_six_n(presets: Sequence[str], ax, *, seqs: Sequence[int], counted: dict[str, int],

@@ -4,17 +4,19 @@ variant of addend and accumulator format, measured with torch and predicted bit 
 A variant is (label, addend, n, addend format, accumulator format, explicit cast). `run` adds the
 addend n times with one torch addition per step (`summation.running_sum`) and asserts that every
 partial sum equals `summation.plateau_sum`'s prediction, computed without torch arithmetic;
-`table` and `plot` show the results. Used in: §sec-precision.
+`table` and `plot` show the results, `readings` the numbers the page reads off them. Used in:
+§sec-precision.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from typing import NamedTuple
 
 from mlsys import plotting
 from mlsys.book import Table
-from mlsys.numerics import summation
+from mlsys.numerics import precision, summation
 
 Variant = tuple[str, float, int, str, str, bool]
 """(label, addend, n, addend format, accumulator format, explicit cast)."""
@@ -41,6 +43,33 @@ def run(variants: Sequence[Variant]) -> dict[tuple[str, float], Sum]:
         trajectory = measured.double().tolist()
         assert trajectory == predicted.trajectory()  # every partial sum, bit for bit
         out[(label, a)] = Sum(predicted, measured[-1].item(), trajectory)
+    return out
+
+
+RUNS = {"fp16_lo": ("fp16", 4, 8), "fp16_hi": ("fp16", 8, 16), "bf16_lo": ("bf16", 2, 4)}
+"""The runs of equal additions `readings` reports: (format, where the run starts: lo, hi)."""
+
+
+def readings(sums: dict[tuple[str, float], Sum], addend: float,
+             small_addend: float) -> dict[str, float]:
+    """The numbers the page reads off the sums of `addend` and `small_addend` (the `TRACED`
+    variants, labelled by their format, must be among them): for each of `RUNS`, the amount every
+    addition of the run adds ("<run>_step") and its bias against the stored addend
+    ("<run>_bias"); half an ulp of bf16 at its final sum ("bf16_half_ulp_at_plateau"); for each
+    traced format, the final sum measured ("final_<fmt>", "final_<fmt>_small"), the additions that
+    counted ("stall_<fmt>_run", ..., 0: all of them) and the addend as stored ("a_<fmt>", ...)."""
+    out: dict[str, float] = {}
+    for tag, (fmt, lo, hi) in RUNS.items():
+        predicted = sums[(fmt, addend)].predicted
+        run = predicted.run_starting_in(lo, hi)
+        out[f"{tag}_step"] = run.increment
+        out[f"{tag}_bias"] = (run.increment - predicted.addend) / predicted.addend
+    out["bf16_half_ulp_at_plateau"] = precision.ulp(sums[("bf16", addend)].final, "bf16") / 2
+    for fmt, (suffix, a) in itertools.product(TRACED, (("", addend), ("_small", small_addend))):
+        s = sums[(fmt, a)]
+        out[f"final_{fmt}{suffix}"] = s.final
+        out[f"stall_{fmt}{suffix}_run"] = s.predicted.stall_step or 0
+        out[f"a_{fmt}{suffix}"] = s.predicted.addend
     return out
 
 

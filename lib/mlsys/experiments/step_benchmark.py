@@ -7,7 +7,9 @@ time is predicted before it is read: forward matmul FLOPs over the measured matm
 forward + backward as 3x that, and the step as that plus the optimizer's minimum traffic
 (`accounting.bytes.adamw_traffic`) over the measured copy bandwidth. A row that runs out of memory
 is recorded as such and the sweep goes on. `third_party_rows` puts the seed's Ampere-GPU table
-(`mlsys.third_party`) beside the book's predictions for that GPU.
+(`mlsys.third_party`) beside the book's predictions for that GPU. `show_records` shows the GPU
+records of the chapter's five experiments (this one, `timing_pitfalls`, `step_profile`,
+`step_memory`, `compile_step`) and says which are missing.
 Used in: §sec-benchmarking.
 """
 
@@ -23,7 +25,13 @@ from mlsys.accounting import bytes as bytes_moved
 from mlsys.accounting import flops
 from mlsys.accounting.params import count_params
 from mlsys.book import Table, num, verdict
-from mlsys.experiments import Experiment, kit, timing_fields
+from mlsys.experiments import (
+    Experiment,
+    kit,
+    step_memory,
+    step_profile,
+    timing_fields,
+)
 from mlsys.models.config import TransformerConfig
 from mlsys.models.transformer import Transformer
 from mlsys.probes import copy_probe, matmul_probe
@@ -225,6 +233,30 @@ def third_party_verdict(accelerator: hardware.Accelerator, batch: int = 4) -> st
             f"{max(rates) / tf32:.0%} of its {tf32 / 1e12:.0f} TFLOP/s TF32 peak; small took "
             f"{small:.2f}x as long at 256 tokens as at 128, and backward / forward ran from "
             f"{min(ratios):.2f} to {max(ratios):.2f}")
+
+
+def _show_trace(record: dict[str, Any]) -> str | None:
+    """Draw a step_profile record's trace and return its sentence (None: it keeps no trace)."""
+    if (trace := step_profile.trace(record["results"])) is not None:
+        import matplotlib.pyplot as plt  # matplotlib: only when a page draws
+
+        from mlsys.diagrams.trace import draw_trace  # (the same: diagrams import matplotlib)
+
+        draw_trace(trace)
+        plt.show()
+        return step_profile.trace_sentence(record["results"])
+    return None
+
+
+def record_views() -> dict[str, Any]:
+    """How the chapter shows each record of its experiments (`experiments.show_records`'s
+    `tables` and `shows`): the profile's and the memory's tables, a step_profile record's trace
+    drawn."""
+    return {"tables": {"step_profile": [step_profile.phase_table, step_profile.class_table,
+                                        step_profile.core_table],
+                       "step_memory": [step_memory.peak_table, step_memory.breakdown_table,
+                                       step_memory.checkpoint_table]},
+            "shows": {"step_profile": _show_trace}}
 
 
 def plot(rows: list[dict[str, Any]], ax, *, mode: str = "step") -> None:

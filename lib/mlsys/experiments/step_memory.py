@@ -14,7 +14,8 @@ At that length the step runs again with the blocks checkpointed in segments
 (`models.checkpointing`): saved bytes and peak, and the step time of each variant, timed
 round-robin on the same model (checkpointing is switched on and off between calls).
 `third_party.CS336_STUDENT_MEMORY` holds a seed's arithmetic for the 2.7B model; `seed_rows` sets
-it beside the exact count. What runs is `step_memory_run`; this module reads the rows.
+it beside the exact count. What runs is `step_memory_run`; this module reads the rows (`step_parts`:
+the step by part over time, measured and predicted, for `diagrams.step_memory`).
 Used in: §sec-profiling.
 """
 
@@ -26,6 +27,8 @@ from mlsys import bench, third_party
 from mlsys.accounting import activations, memory, recompute
 from mlsys.accounting.params import count_params
 from mlsys.book import Table, num, verdict
+from mlsys.diagrams import step_memory as step_parts_model
+from mlsys.diagrams.step_memory import StepMemory
 from mlsys.experiments import Experiment, timing_of
 from mlsys.experiments.kit import setup
 from mlsys.experiments.step_memory_run import AT_PEAK, SIZES, run
@@ -203,6 +206,16 @@ def plot_peak(rows: list[dict[str, Any]], ax, *, title: str | None = None) -> No
     finish(ax, title=title or "peak memory of a step", xlabel="sequence length", ylabel="GB",
            logx=2)
     ax.legend(fontsize=7)
+
+
+def step_parts(rows: list[dict[str, Any]]) -> tuple[StepMemory, StepMemory]:
+    """The timeline's step by part (parameters, optimizer state, gradients, activations,
+    temporaries): measured, and predicted from the accounting on the measured phases."""
+    r = next(r for r in steps(rows) if "parts" in r)
+    got = StepMemory.from_record(r["parts"])
+    return got, step_parts_model.predicted(
+        n_params=setup(rows)["n_params"], recipe="fp32_adamw",
+        activation_bytes=predicted(rows, r["seq"]).total_bytes, phases=got.phases)
 
 
 def plot(rows: list[dict[str, Any]], axes) -> None:

@@ -1,7 +1,8 @@
 """What `step_memory` runs: per sequence length a fresh model, one warm-up step, then one step read
 phase by phase by `mlsys.profiling.memory_timeline` with its saved tensors counted
 (`counters.SavedTensors`); at the timeline's length the whole allocation history kept, the peak's
-live bytes sorted by origin, and the step again with the blocks checkpointed in segments, each
+live bytes sorted by origin, the step's bytes by part over time (`diagrams.step_memory.measured`),
+and the step again with the blocks checkpointed in segments, each
 variant timed round-robin. A length that runs out of memory is kept as such. The module docstring
 of `step_memory` says what the rows mean. Used in: §sec-profiling.
 """
@@ -15,6 +16,7 @@ import torch
 
 from mlsys import bench, checks, env
 from mlsys.accounting.params import count_params
+from mlsys.diagrams import step_memory as step_parts
 from mlsys.experiments import kit, timing_fields
 from mlsys.models.checkpointing import checkpoint_blocks, uncheckpoint_blocks
 from mlsys.models.config import PRESETS, TransformerConfig
@@ -61,16 +63,14 @@ def _set_segment(model, segment: int | None) -> None:
 
 
 def _at_peak(timeline: memory_timeline.Timeline) -> dict[str, int]:
-    """Live bytes at the peak by origin (see the module docstring); they sum to the curve's peak
-    when nothing older than the recording was freed before it."""
+    """Live bytes at the peak by origin (`diagrams.step_memory.origin`); they sum to the curve's
+    peak when nothing older than the recording was freed before it."""
     t_peak, _ = timeline.peak()
-    backward_end = max((p.end_ns for p in timeline.phases if p.name == "backward"), default=0)
+    ends = {f"{p}_end_ns": next(s.end_ns for s in timeline.phases if s.name == p)
+            for p in ("forward", "backward")}
     out = dict.fromkeys(AT_PEAK, 0)
     for a in timeline.live_allocations(t_peak):
-        outlives_backward = a.end_ns is None or a.end_ns > backward_end
-        origin = ("activations" if a.phase == "forward" else
-                  "gradients" if a.phase == "backward" and outlives_backward else "temporaries")
-        out[origin] += a.nbytes
+        out[step_parts.origin(a, **ends)] += a.nbytes
     return out
 
 
@@ -94,6 +94,8 @@ def _measure(model, optimizer, tokens, seq: int, segment: int | None, device: st
         tl = meter.timelines[0]
         row["timeline"] = tl.to_record()
         row["at_peak"] = _at_peak(tl)
+        row["parts"] = step_parts.measured(tl, param_bytes=row["param_bytes"],
+                                           optimizer_bytes=row["optimizer_bytes"]).to_record()
     return row
 
 

@@ -6,6 +6,9 @@ One model trains a few warm-up steps, then `steps` steps run inside
 wall and op time of each phase, and the model's FLOPs by the same classes (`flops_by_class`,
 forward and training), so a page sets time share beside FLOP share: He ("Making Deep Learning Go
 Brrrr", 2022) reports normalization at about 0.2% of BERT's FLOPs and a quarter of its runtime.
+The rows also keep the first `TRACE_OPS` host ops of the first profiled forward as a trace
+(`diagrams.trace.Trace`: the host's calls against the device's kernels, or on a CPU the ops' own
+bodies), which `trace` reads back for `diagrams.trace.draw_trace`.
 
 Two more measurements, each timed round-robin (`bench.benchmark_interleaved`):
 - the profiler's own cost: the same training step with and without the profiler running
@@ -28,6 +31,7 @@ import torch
 from mlsys import bench, env
 from mlsys.accounting import flops, flops_by_class
 from mlsys.book import Table, num, verdict
+from mlsys.diagrams.trace import Trace
 from mlsys.experiments import Experiment, kit, timing_fields, timing_of
 from mlsys.experiments.kit import setup
 from mlsys.models.config import TransformerConfig
@@ -37,6 +41,7 @@ from mlsys.profiling.overhead import profiler_overhead
 from mlsys.training import make_train_step, next_token_loss
 
 PHASES = ("forward", "backward", "optimizer")
+TRACE_OPS = 40  # host ops of the first forward kept as a trace (`diagrams.trace`)
 CORE = ("scores", "softmax", "values")  # q @ k^T, masked softmax, P @ v
 SOFTMAX_OPS_PER_SCORE = flops.SOFTMAX_OPS_PER_ELEMENT
 
@@ -109,6 +114,10 @@ def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
     rows += [{"kind": "phase", **asdict(p)} for p in prof.phases()]
     rows += [{"kind": "op", **asdict(o)} for o in prof.ops()]
     rows += [{"kind": "class", **asdict(c)} for c in prof.classes()]
+    where = "GPU" if device == "cuda" else "CPU"
+    first = Trace.from_profile(prof, phase="forward", first_ops=TRACE_OPS,
+                               source=f"torch.profiler, {where}, forward of `{s.preset}`")
+    rows.append({"kind": "trace", **first.to_record()})
     for training in (False, True):
         rows.append({"kind": "flops", "training": training,
                      "by_class": flops_by_class.class_flops(cfg, s.batch, s.seq,
@@ -127,6 +136,30 @@ def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
 
 def _of(rows: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [{k: v for k, v in r.items() if k != "kind"} for r in rows if r["kind"] == kind]
+
+
+def trace(rows: list[dict[str, Any]]) -> Trace | None:
+    """The first forward's first `TRACE_OPS` host ops and their device spans (None in a record
+    made before traces were kept)."""
+    found = _of(rows, "trace")
+    return Trace.from_record(found[0]) if found else None
+
+
+def trace_sentence(rows: list[dict[str, Any]]) -> str:
+    """What the trace shows, computed from it: the window, the busy and idle shares, the
+    longest gap, and which side sets the pace."""
+    t = trace(rows)
+    if t is None:
+        return "this record keeps no trace"
+    start, end = t.window
+    idle, gaps = t.idle_fraction(), t.gaps()
+    longest = max(b - a for a, b in gaps) if gaps else 0.0
+    lane = "the device" if t.device_label == "kernels" else "the ops' own kernels"
+    pace = ("the host's calls, not the arithmetic, set the pace" if idle > 0.5 else
+            "the kernels fill most of the window: the arithmetic sets the pace")
+    return (f"over {num((end - start) / 1e3)} ms and {len(t.host)} ops, {lane} ran "
+            f"{1 - idle:.0%} of the time and waited {idle:.0%} (the longest gap "
+            f"{num(longest)} µs): {pace}")
 
 
 def classes(rows: list[dict[str, Any]]) -> list[profiler.ClassShare]:

@@ -12,6 +12,8 @@
 5. Warm caches: a small tensor timed in a loop stays in the last-level cache and runs faster than it
    would in a real step; `bench.benchmark(flush_bytes=...)` writes a large buffer between calls.
 Items 2 and 3 need a GPU: on a CPU ops finish before the call returns, and the rows say so.
+`SimulatedKernel` is a kernel on a simulated clock, whose first calls are slow and one of whose
+later calls is an outlier: a timer checked on it gives an exact answer (the chapter's exercise).
 Used in: §sec-benchmarking.
 """
 
@@ -55,6 +57,29 @@ SIZES = {
     "gpu": Sizes(TransformerConfig.preset("small"), 4, 512, 5, 4_096, 50, 1024, 500, 2**24,
                  2**30, True, 30),
 }
+
+
+class SimulatedKernel:
+    """A kernel whose i-th call costs `costs_s[i]` seconds of a simulated clock (the last cost
+    once the list runs out): call it like a function, read the time with `clock()`, as
+    `bench.benchmark(fn, clock=...)` takes it."""
+
+    def __init__(self, costs_s: tuple[float, ...]):
+        if not costs_s or any(c <= 0 for c in costs_s):
+            raise ValueError(f"costs_s must be one or more positive seconds, got {costs_s}")
+        self.costs_s, self.calls, self.now_s = tuple(costs_s), 0, 0.0
+
+    def __call__(self) -> None:
+        self.now_s += self.costs_s[min(self.calls, len(self.costs_s) - 1)]
+        self.calls += 1
+
+    def clock(self) -> float:
+        return self.now_s
+
+
+SIMULATED_COSTS_S = (20e-3,) * 5 + (1e-3,) * 3 + (40e-3,) + (1e-3,)
+"""Five cold calls of 20 ms (allocation, lazy initialization), then 1 ms a call, and one call of
+40 ms (another process took the core): the steady time is 1 ms."""
 
 
 def _first_calls(fn, n: int, device: str) -> list[float]:

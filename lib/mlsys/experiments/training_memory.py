@@ -193,35 +193,29 @@ def _mb(n: float) -> str:
 
 
 def table(rows: list[dict[str, Any]]) -> Table:
-    """Per recipe: predicted model states, the allocator after the step, and the peak (MB)."""
-    body = []
-    for r in readings(rows):
-        body.append([r.run, f"`{r.recipe}`", memory.recipe(r.recipe).bytes_per_param,
-                     _mb(r.predicted_states), _mb(r.after_step),
-                     f"{r.after_step / r.predicted_states:.4f}",
-                     _mb(r.extras), _mb(r.unexplained), _mb(r.saved), _mb(r.forward_growth),
-                     f"{_mb(r.peak)} ({r.peak_phase})", f"{r.peak / r.predicted_states:.2f}"])
-    return Table(["run", "recipe", "B/param", "model states, predicted (MB)",
-                  "allocator after step (MB)",
-                  "ratio", "buffers + batch + step counters (MB)", "unexplained (MB)",
-                  "saved for backward (MB)", "forward growth (MB)", "peak, last step (MB)",
-                  "peak / states"], body)
-
-
-def phase_table(rows: list[dict[str, Any]]) -> Table:
-    """Live bytes when each phase ends and the peak during it, per run (MB)."""
-    labels = list(runs(rows))
-    keys = [(p["step"], p["phase"]) for p in phases(rows, labels[0])]
-    body = []
-    for step, name in keys:
-        cells = [f"{_mb(phase(rows, lb, step, name)['live_bytes'])} / "
-                 f"{_mb(phase(rows, lb, step, name)['peak_bytes'])}" for lb in labels]
-        body.append([step or "-", name, *cells])
-    return Table(["step", "phase", *(f"{lb}: live / peak (MB)" for lb in labels)], body)
+    """Per recipe, one column each (a narrow table): predicted model states, the allocator after
+    the step, what else is known to be live, the forward pass against what it saves, the peak."""
+    rs = readings(rows)
+    quantities = {
+        "recipe": lambda r: f"`{r.recipe}`",
+        "bytes per parameter": lambda r: memory.recipe(r.recipe).bytes_per_param,
+        "model states, predicted": lambda r: _mb(r.predicted_states),
+        "allocator after the step": lambda r: _mb(r.after_step),
+        "after the step / predicted": lambda r: f"{r.after_step / r.predicted_states:.4f}",
+        "buffers, batch, step counters": lambda r: _mb(r.extras),
+        "unexplained": lambda r: _mb(r.unexplained),
+        "saved for backward": lambda r: _mb(r.saved),
+        "forward growth": lambda r: _mb(r.forward_growth),
+        "peak of the last step": lambda r: f"{_mb(r.peak)} ({r.peak_phase})",
+        "peak / predicted": lambda r: f"{r.peak / r.predicted_states:.2f}",
+    }
+    return Table(["MB, unless marked", *(r.run for r in rs)],
+                 [[name, *(cell(r) for r in rs)] for name, cell in quantities.items()])
 
 
 def verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
-    """Sentences computed from the numbers: states, forward growth, peak, recipes compared."""
+    """Sentences computed from the numbers: states, forward growth, peak, recipes compared, and
+    how exactly the allocator matches the count ("exactness")."""
     rs = {r.run: r for r in readings(rows)}
     fp32, bf16, amp = rs["fp32 AdamW"], rs["pure bf16 AdamW"], rs["fp32 AdamW + bf16 autocast"]
     each = ", ".join
@@ -248,7 +242,32 @@ def verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
                f"the step; autocast holds {amp.after_step / fp32.after_step:.2f}x (its states are "
                f"fp32 AdamW's) while its forward pass saves {amp.saved / fp32.saved:.2f}x as many "
                "bytes")
-    return {"states": states, "forward": forward, "peak": peak, "compare": compare}
+    worst = max(abs(r.unexplained) for r in rs.values())
+    exactness = "to the byte" if worst == 0 else f"to within {worst:,} bytes"
+    return {"states": states, "forward": forward, "peak": peak, "compare": compare,
+            "exactness": exactness}
+
+
+def check_laws(rows: list[dict[str, Any]]) -> None:
+    """The laws every run obeys, else AssertionError naming the run: predicted states <= the
+    allocator after the step <= the peak; on a CPU (its allocator reports the bytes requested)
+    nothing is unexplained, and the forward grows by what it saves, within `SCALARS_BYTES`."""
+    cpu = kit.setup(rows)["device_type"] == "cpu"
+    for r in readings(rows):
+        if not r.predicted_states <= r.after_step <= r.peak:
+            raise AssertionError(f"{r.run}: predicted states {r.predicted_states:,} B, after the "
+                                 f"step {r.after_step:,} B, peak {r.peak:,} B: not in that order")
+        if cpu and not (r.unexplained == 0 and 0 <= r.forward_growth - r.saved <= SCALARS_BYTES):
+            raise AssertionError(f"{r.run}: {r.unexplained:,} B unexplained, forward growth "
+                                 f"{r.forward_growth:,} B against {r.saved:,} B saved")
+
+
+def page_numbers(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """What a page says of a run, by name: its preset, batch, seq, parameters (every run trains
+    the same model), device and method of reading the allocator, and the `verdicts`."""
+    s, first = kit.setup(rows), next(iter(runs(rows).values()))
+    return {**{k: s[k] for k in ("preset", "batch", "seq", "device", "method")},
+            "params": first["n_params"], **verdicts(rows)}
 
 
 def plot(rows: list[dict[str, Any]], ax, *, title: str) -> None:

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
-from tqdm.auto import tqdm
+from tqdm import tqdm  # the plain bar: tqdm.auto warns in a notebook without ipywidgets
 
 from mlsys import hardware, probes
 from mlsys.accounting import flops
