@@ -70,6 +70,9 @@ LARGE_X = 300.0  # Q1 (a): an activation too large to square in fp16?
 NORM_EPS = 1e-5  # the epsilon of a normalization layer (Q2)
 BIT_CASES = [1.0, -2.5, 0.1, 1e-6, 3e4]  # Q3: numbers whose stored bits the reader extracts
 TOKENS_PER_STEP, COUNTER_STEPS = 4096, 300  # Q4: a token counter, and the steps measured
+SR_TRIALS = 256  # independent stochastic-rounding runs of each sum
+FP8, SCALE_N, SCALE_STD, SCALE_OUTLIERS = "fp8_e4m3", 4096, 1e-3, 4  # a tensor with 4 outliers
+SCALE_RATIOS = (1, 1e2, 1e4, 1e6)  # the outliers' size, in standard deviations of the rest
 
 # %% tags=["remove-cell"]
 for name, value in [("q_addend", ADDEND), ("q_terms", N_TERMS), ("q_target", N_TERMS * ADDEND),
@@ -110,22 +113,8 @@ plt.show()
 # ```
 
 # %% tags=["hide-input"]
-table_rows = []
-for r in precision.format_table():
-    f = precision.FORMATS[r["format"]]
-    special = (0, 2) if f.finite_only else (2, 2 * (2**f.mantissa_bits - 1))  # (inf, NaN)
-    if r["torch_dtype"] != "-":  # derived values against torch's own
-        info = torch.finfo(f.dtype)
-        assert (f.bits, f.max, f.smallest_normal, f.eps) == (info.bits, info.max,
-                                                              info.smallest_normal, info.eps)
-    if r["torch_dtype"] != "-" and f.bits <= 16:  # every bit pattern, decoded by torch
-        values = torch.arange(2**f.bits).to(formats.WORDS[f.bits]).view(f.dtype).float()
-        assert special == (int(values.isinf().sum()), int(values.isnan().sum())), f.name
-    table_rows.append([f.name, f.bias, num(f.max, 4), num(f.smallest_normal, 4),
-                       num(f.smallest_subnormal, 4), num(f.eps, 4), f"{special[0]}, {special[1]}",
-                       r["torch_dtype"]])
-e4m3 = torch.arange(256).to(torch.uint8)
-assert e4m3[e4m3.view(torch.float8_e4m3fn).float().isnan()].tolist() == [0x7F, 0xFF]  # S.1111.111
+table_rows = running_sums.format_rows()  # asserts each limit against torch.finfo, and the special
+# values against every bit pattern of the formats of 16 bits or fewer, decoded by torch
 fp16, bf16, fp32 = precision.FORMATS["fp16"], precision.FORMATS["bf16"], precision.FORMATS["fp32"]
 for name, value in [("fp16_max", fp16.max), ("fp16_subnormal", fp16.smallest_subnormal),
                     ("bf16_subnormal", bf16.smallest_subnormal)]:
@@ -146,15 +135,8 @@ Table(["format", "bias", "max", "smallest normal", "smallest subnormal", "eps", 
 # clamps first there).
 
 # %% tags=["hide-input"]
-bit_rows = []
-for x in [1.0, 0.1, -2.5, 0.01, 65504.0, 1e-8]:
-    for name in ["fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2"]:
-        b, f = bit_fields.decompose(x, name), precision.FORMATS[name]
-        cast = precision.saturating_cast(torch.tensor([x]), name)  # torch's, saturating in e4m3
-        stored = cast.view(formats.WORDS[f.bits]).item() % 2**f.bits
-        assert int(b.pattern.replace(" ", ""), 2) == stored and b.reconstruct() == b.value
-        exponent = "-" if b.unbiased_exponent is None else b.unbiased_exponent
-        bit_rows.append([x, name, b.pattern, b.kind, exponent, repr(b.value)])
+bit_rows = running_sums.bit_rows([1.0, 0.1, -2.5, 0.01, 65504.0, 1e-8],  # each against torch's bits
+                                 ["fp32", "fp16", "bf16", "fp8_e4m3", "fp8_e5m2"])
 glue("e4m3_max", precision.FORMATS["fp8_e4m3"].max)
 glue("fp16_max_in_bf16", precision.round_to(fp16.max, "bf16"))
 Table(["x", "format", "sign exponent mantissa", "kind", "E - bias", "stored value"], bit_rows)
@@ -378,9 +360,46 @@ Table(["format", "exact sum of stored addends", "running sum", "Kahan sum"], kah
 
 # %% [markdown]
 # In bf16 the Kahan sum is {glue:text}`kahan_bf16`: within one rounding of the exact sum of the
-# stored addends, at four operations per term instead of one. A third remedy attacks the bias
-# itself: *stochastic rounding* rounds up or down at random, with probabilities that make the
-# expected result exact {cite}`gupta2015limited` (`mlsys.numerics.precision.stochastic_round`).
+# stored addends, at four operations per term instead of one.
+#
+# **Stochastic rounding.** A third remedy attacks the bias itself. Round to nearest makes the same
+# choice every time the same $s + a$ comes up, so its errors add up: below half an ulp it rounds
+# every addition away. *Stochastic rounding* rounds $s + a$ up to the next number of the format
+# with probability $(s + a - \text{down})/\text{ulp}$ and down otherwise
+# {cite}`gupta2015limited`, so that $E[\text{round}(s + a)] = s + a$ exactly: the expected sum
+# after $n$ additions is $n a$, with no plateau. The price is noise: each rounding error has mean 0
+# and variance at most $\text{ulp}^2/4$, so one run lands within about $\sqrt{n}$ half-ulps of the
+# exact sum. `stochastic_sum` runs {glue:text}`sr_trials` independent bf16 sums at once, one
+# `stochastic_round` per addition, next to the same sum rounded to nearest by torch; the second
+# case is a weight of {glue:text}`w_start:g` receiving {glue:text}`q_terms:,` updates of
+# {glue:text}`w_update`, each below half its ulp (the next section).
+#
+# ```{literalinclude} ../lib/mlsys/numerics/stochastic.py
+# :pyobject: stochastic_sum
+# ```
+
+# %%
+SR_CASES = [(f"{ADDEND} x {N_TERMS:,}", ADDEND, N_TERMS, 0.0),  # (label, addend, n, start)
+            (f"{WEIGHT:g} + {UPDATE} x {N_TERMS:,}", UPDATE, N_TERMS, WEIGHT)]
+sr_table, sr = running_sums.stochastic_table(SR_CASES, "bf16", trials=SR_TRIALS, seed=SEED)
+sr_table
+
+# %% tags=["remove-cell"]
+glue("sr_trials", SR_TRIALS)
+glue("w_start", WEIGHT)
+for (label, *_), key in zip(SR_CASES, ("sum", "weight"), strict=True):
+    sums, nearest = sr[label]
+    assert sums.std <= sums.std_bound  # the sqrt(n) law of a sum of independent roundings
+    glue(f"sr_verdict_{key}", running_sums.stochastic_verdict(sums, nearest))
+
+# %% [markdown]
+# The sum of {glue:text}`q_addend`: {glue:text}`sr_verdict_sum`. The weight:
+# {glue:text}`sr_verdict_weight`. Stochastic rounding keeps the expectation, not each run: one
+# sum is off by its spread, which a training run averages over many weights and steps. It needs
+# no extra bytes, only a random number per rounding: a bf16 weight updated this way needs no fp32
+# master copy (chapter {ref}`sec-mixed-precision` trains the book's model so, beside the master
+# copy and Kahan's compensation). What it removes is the accumulation's bias, not the addend's own
+# representation error: the expected sum is $n$ times the addend *as stored*.
 #
 # ### Two different problems: accumulation and range
 #
@@ -467,7 +486,13 @@ kit.draw(DA.plot, dot_rows, width=9.0, height=4.0,
 # multiplies: {glue:text}`dot_device_verdicts`.
 #
 # **What tensor cores do.** NVIDIA's matrix units take fp16 or bf16 inputs, form the products
-# exactly and add them into fp32 accumulators {cite}`micikevicius2018mixed`. fp8 on Hopper is
+# exactly and add them into fp32 accumulators {cite}`micikevicius2018mixed`, but the additions are
+# not IEEE fp32 additions. Fasi et al. probed the V100, T4 and A100 tensor cores
+# {cite}`fasi2021tensorcores`: a group of products and the accumulator are added in one step, the
+# significands aligned to the largest exponent, the bits shifted out of the fp32 word truncated
+# (rounding toward zero, not to nearest) and the sum normalized only at the end. So a tensor-core
+# dot product with an "fp32 accumulator" is close to the fp32 loop above, not identical to it, and
+# its rounding errors are one-sided (toward zero) instead of averaging out. fp8 on Hopper is
 # different, and the difference is not in NVIDIA's documentation: cuBLAS only says that its fp8
 # "fast accumulation" mode is faster and less accurate because "intermediate results will not
 # periodically be promoted to a higher precision" ([cuBLAS,
@@ -485,6 +510,46 @@ experiments.show_recorded("dot_accumulation", show=pages.show_dot_accumulation, 
     "unrounded) and, from compute capability 8.9, `_scaled_mm` with fast accumulation."))
 
 # %% [markdown]
+# ### fp8 needs a scale: one per tensor, or one per block
+#
+# The fp8 matmuls above were handed inputs in range. A real tensor is not: e4m3 holds normal
+# numbers from {glue:text}`fp8_min_normal:.3g` to {glue:text}`e4m3_max:.0f` and nothing below
+# {glue:text}`fp8_min_sub:.2g`, a span of {glue:text}`fp8_octaves:.0f` octaves, while gradients
+# of $10^{-4}$ or an activation with outlier channels live elsewhere. So every fp8 recipe
+# multiplies a tensor by a scale $s$ before the cast and divides it out after. **Per tensor**,
+# $s = \text{max}/\text{amax}$ puts the largest entry on the format's largest number
+# {cite}`micikevicius2022fp8` (`mlsys.numerics.fp8`, chapter {ref}`sec-mixed-precision`); one
+# outlier then sets the scale for everything, and an outlier $r$ times the typical entry pushes the
+# typical entries $r$ times below max, into the subnormals and out. **Per block**, the OCP
+# Microscaling formats store one power-of-two scale (an 8-bit exponent) per block of
+# {glue:text}`mx_block` consecutive elements {cite}`rouhani2023microscaling`: MXFP8 is e4m3 or
+# e5m2 elements under such a scale, and an outlier costs only its own block. The table casts
+# {glue:text}`scale_n:,` normal entries of standard deviation {glue:text}`scale_std:g`, with
+# {glue:text}`scale_outliers` outliers among them, to e4m3 in each way: the mean relative error of
+# the entries (and the share flushed to zero).
+
+# %% tags=["hide-input"]
+mx_table, mx = running_sums.scaling_table(FP8, SCALE_RATIOS, n=SCALE_N, std=SCALE_STD,
+                                          outliers=SCALE_OUTLIERS, seed=SEED)
+big, small = SCALE_RATIOS[-1], SCALE_RATIOS[0]
+assert mx[(small, "none")].flushed > 0.5 > mx[(small, "tensor")].flushed  # the bulk needs a scale
+assert mx[(big, "tensor")].mean_relative > 10 * mx[(big, "block")].mean_relative  # outliers' cost
+for name, value in [*running_sums.scaling_readings(mx, FP8).items(), ("scale_n", SCALE_N),
+                    ("scale_outliers", SCALE_OUTLIERS), ("scale_std", SCALE_STD)]:  # for the text
+    glue(name, value)
+mx_table
+
+# %% [markdown]
+# Without a scale {glue:text}`none_flushed:.0%` of the entries become zero: they are below e4m3's
+# range, whatever its precision. One scale per tensor fixes that while the outliers are mild (an
+# error of {glue:text}`clean_err:.1%`, e4m3's rounding, without them); with outliers at
+# {glue:text}`big_ratio:,.0f` times the rest it loses {glue:text}`tensor_flushed:.0%` of the
+# entries and errs by {glue:text}`tensor_err:.0%` on average. One scale per block of
+# {glue:text}`mx_block` keeps the error at {glue:text}`block_err:.1%`: only the entries that share
+# a block with an outlier suffer. The cost is a byte of scale per {glue:text}`mx_block` elements,
+# and a power-of-two scale that can push a block's largest entry past
+# {glue:text}`e4m3_max:.0f`, where it saturates.
+#
 # ```{admonition} Takeaway
 # :class: tip
 # A running sum stops growing once the addend is below half an ulp, at
@@ -667,7 +732,12 @@ for name, value in [("tokens", TOKENS_PER_STEP), ("steps", COUNTER_STEPS),
 # - A running sum freezes at $s^* = 2^{\lfloor\log_2 a\rfloor+m+2}$; `plateau_sum` predicts every
 #   partial sum bit for bit, and bf16 is the worst format for a sum: precision helps, range does
 #   not.
-# - Remedies: wide accumulators (`torch.sum`, fp16/bf16 matrix units), Kahan summation, stochastic
-#   rounding. fp32 master weights fix accumulation; loss scaling fixes range, a different problem.
+# - Remedies: wide accumulators (`torch.sum`, fp16/bf16 matrix units, whose fp32 additions
+#   truncate), Kahan summation, stochastic rounding (unbiased on average, with a spread of about
+#   $\sqrt{n}$ half-ulps). fp32 master weights fix accumulation; loss scaling fixes range, a
+#   different problem.
+# - fp8 needs a scale: without one most of a small tensor flushes to zero; one scale per tensor
+#   lets an outlier push the rest out of range; one per block of {glue:text}`mx_block` (MX)
+#   confines the damage to the outlier's block.
 # - Higham's bound is vacuous for fp16 sums from {glue:text}`vacuous_fp16:,` terms; fp8 tensor-core
 #   accumulation on Hopper keeps about 14 bits, so fp8 GEMMs promote partial sums to fp32.

@@ -62,7 +62,7 @@ from mlsys.diagrams import views as view_diagram
 from mlsys.experiments import kit, pages
 from mlsys.experiments import training_memory as TM
 from mlsys.models.config import PRESETS, TransformerConfig
-from mlsys.models.transformer import Transformer
+from mlsys.models.transformer import INIT_STD, Transformer
 
 # %% tags=["parameters"]
 SEED = 0
@@ -73,13 +73,14 @@ HEADS_DEMO = (1, 3, 4, 2)  # a tiny (batch, seq, d_model) activation, and its he
 MEMORY = TM.EXPERIMENT.sizes_for()  # the measured training steps: preset, batch, seq (by profile)
 PERMUTED_SHAPE, PERMUTED_INDEX = (2, 3, 4, 5), (1, 2, 0, 3)  # Q1: (batch, seq, heads, d_head)
 CHAIN_PRESET, CHAIN_BATCH, CHAIN_SEQ = "xl", 8, 1024  # Q3: a preset, sequences per GPU, tokens
+INIT_PRESETS, INIT_TOKENS = ("debug", "small", "xl", "2.7B"), 256  # widths of the init demo
 
 # %% tags=["remove-cell"]
 GB = hardware.GIGA  # bytes per (spec-sheet) gigabyte; also 1e9 parameters = one billion
 hbm_bytes = ACCELERATOR.hbm_bytes
 for name, value in [("n_devices", N_DEVICES), ("accelerator", ACCELERATOR.name),
-                    ("hbm_gb", hbm_bytes / GB)]:
-    glue(name, value)
+                    ("hbm_gb", hbm_bytes / GB), ("init_std", INIT_STD), ("init_d", INIT_STD**-2)]:
+    glue(name, value)  # init_width: where INIT_STD = 1 / sqrt(d_in)
 
 # %% [markdown]
 # Two halves meet at one number: what a tensor is (a storage plus the metadata that places each
@@ -99,14 +100,9 @@ for name, value in [("n_devices", N_DEVICES), ("accelerator", ACCELERATOR.name),
 # %% tags=["hide-input"]
 answers = {r.name: memory.max_trainable_params(N_DEVICES, hbm_bytes, r)
            for r in memory.RECIPES.values()}  # n * memory // bytes per parameter
-fp32 = answers["fp32_adamw"]
-glue("max_fp32_billion", fp32 / GB)
+glue("max_fp32_billion", answers["fp32_adamw"] / GB)
 glue("max_one_gpu_billion", memory.max_trainable_params(1, hbm_bytes, "fp32_adamw") / GB)
-relation = {name: "the same answer" if a == fp32 else
-            f"{a / fp32:.2f}x the answer ({a / GB:.1f} billion)" for name, a in answers.items()}
-mixed = glue("mixed_answers", "; ".join(
-    f"{name} ({memory.recipe(name).bytes_per_param} B/param) gives {relation[name]}"
-    for name in ("bf16_mixed_adamw", "bf16_mixed_adamw_fp32_grads", "bf16_pure_adamw")))
+glue("mixed_answers", TM.mixed_answers(N_DEVICES, hbm_bytes))  # each recipe against fp32's
 Table(*tables.max_params_table(N_DEVICES, hbm_bytes))
 
 # %% [markdown]
@@ -353,17 +349,55 @@ rows, n_params = [], {}
 for name in PRESETS:
     preset = TransformerConfig.preset(name)
     with torch.device("meta"):
-        counted = sum(p.numel() for p in Transformer(preset).parameters())
+        n_params[name] = counted = sum(p.numel() for p in Transformer(preset).parameters())
     assert counted == count_params(preset) == GOLDEN_COUNTS.get(name, counted)
-    n_params[name] = counted
-    parts = param_counts(preset)
-    rows.append([f"`{name}`", f"{preset.d_model} / {preset.d_ff}", preset.n_layers, *(
+    parts, D = param_counts(preset), preset.d_model
+    assert parts.per_layer == 4 * D * D + 3 * D * preset.d_ff + 2 * D  # attention, SwiGLU, gains
+    rows.append([f"`{name}`", f"{D} / {preset.d_ff}", preset.n_layers, *(
         f"{n:,}" for n in (parts.total, parts.embedding + parts.lm_head, parts.per_layer))])
+glue("gains_small", param_counts(TransformerConfig.preset("small")).norms_per_layer)
 Table(["preset", "D / F", "layers", "total", "embedding + head", "per layer"], rows)
 
 # %% [markdown]
-# Each block holds $4D^2$ attention weights and $3DF$ feed-forward weights (SwiGLU), and the
-# vocabulary adds $2VD$ for the untied embedding and head.
+# Each block holds $4D^2$ attention weights, $3DF$ feed-forward weights (SwiGLU) and the $2D$
+# gains of its two RMSNorms ({glue:text}`gains_small:,` in `small`: a sliver, but counted, and the
+# cell asserts the per-layer column equals $4D^2 + 3DF + 2D$). After the last block the final
+# norm adds $D$, and the vocabulary adds $2VD$ for the untied embedding and head.
+#
+# ### Why the weights start at about $1/\sqrt{d_\text{in}}$
+#
+# A parameter's first value matters as much as its bytes. An output of a linear layer,
+# $y_j = \sum_i x_i w_{ij}$, is a sum of $d_\text{in}$ products; with independent zero-mean entries
+# its variance is $d_\text{in}\,\sigma_w^2\,\text{Var}(x)$. A fixed $\sigma_w$ therefore grows
+# the signal by $\sigma_w\sqrt{d_\text{in}}$ per layer in a wide model and shrinks it in a narrow
+# one, and the factor compounds over layers; $\sigma_w = 1/\sqrt{d_\text{in}}$ keeps
+# $\text{Var}(y) = \text{Var}(x)$ at every width {cite}`lecun1998efficient` (Glorot and He
+# initializations add a factor for the backward pass and for ReLU {cite}`glorot2010understanding`
+# {cite}`he2015delving`; PyTorch's `nn.Linear` draws uniformly with standard deviation
+# $1/\sqrt{3 d_\text{in}}$). The book's model uses GPT-2's fixed $\sigma_w =$
+# {glue:text}`init_std` for every weight, which is $1/\sqrt{d_\text{in}}$ only at $d_\text{in} =$
+# {glue:text}`init_d:,.0f`. Measured on one layer of each preset's width, with unit-variance
+# inputs:
+
+# %% tags=["hide-input"]
+init_rows = []
+for layer_cfg in map(TransformerConfig.preset, INIT_PRESETS):  # one D x D layer per preset
+    d_in, sigmas = layer_cfg.d_model, (INIT_STD, layer_cfg.d_model**-0.5)
+    x_in, w_in = (torch.randn(n, d_in, generator=g) for n in (INIT_TOKENS, d_in))
+    stds = [(x_in @ (w_in * sigma)).std().item() for sigma in sigmas]  # std(x_in) = 1
+    assert all(abs(v / (s * d_in**0.5) - 1) < 0.1 for v, s in zip(stds, sigmas, strict=True))
+    init_rows.append([f"{d_in:,}", *(f"{v:.3f}" for v in stds),
+                      f"{stds[0] ** layer_cfg.n_layers:.3g} ({layer_cfg.n_layers} layers)"])
+Table(["d_in (a preset's D)", f"std of x W, σ = {INIT_STD}", "σ = 1/√d_in",
+       f"σ = {INIT_STD} compounded over the preset's layers"], init_rows)
+
+# %% [markdown]
+# With $1/\sqrt{d_\text{in}}$ the output keeps unit spread at every width; with
+# {glue:text}`init_std` it follows $\sigma_w\sqrt{d_\text{in}}$, and a stack of the preset's
+# layers without anything in between would scale the signal by the last column. The book's model
+# survives its fixed $\sigma_w$ because nothing is stacked bare: each block's RMSNorm rescales its
+# input to unit RMS, and the residual stream adds each block's output to what passes through
+# instead of replacing it.
 #
 # ## Measurement: what the allocator holds during training
 #
@@ -410,16 +444,50 @@ experiments.show_recorded("training_memory", show=pages.show_training_memory, wo
     "`small` preset, and the 'unexplained' column shows what the caching allocator adds."))
 
 # %% [markdown]
+# ### The activations of one block, by hand
+#
+# The forward's growth is the activations, and they can be counted before anything runs. With $N
+# = BT$ tokens, $b$ bytes per element of the model's dtype, and the list of tensors autograd keeps
+# (`mlsys.accounting.activations` names each one), one block of the book's model saves:
+#
+# - **two RMSNorms**, each its input and $x/\text{rms}$, $(N, D)$, and $1/\text{rms}$, $(N, 1)$,
+#   all in fp32 (a bf16 model keeps an fp32 up-cast copy of $x$ instead of $x$): $2 \cdot (8ND +
+#   4N)$ bytes whatever $b$;
+# - **attention**: the normed input that q, k and v read, q and k after RoPE, v, and the merged
+#   heads that the output projection reads, five $(N, D)$ tensors; the softmax output, $(B, H, T,
+#   T)$; the causal mask, $T^2$ booleans of one byte: $5NDb + BHT^2 b + T^2$;
+# - **SwiGLU**: its normed input and four $(N, F)$ tensors, $w_1x$, $w_3x$, $\text{silu}(w_1x)$ and
+#   their product: $NDb + 4NFb$.
+#
+# Together:
+#
+# $$ \text{block} = (6ND + 4NF + BHT^2)\,b + 16ND + 8N + T^2 \ \text{bytes}. $$
+#
+# The training runs above counted what the first block saved, by module, with saved-tensor hooks:
+
+# %%
+N, D, F, H, B, T = BATCH * SEQ, cfg.d_model, cfg.d_ff, cfg.n_heads, BATCH, SEQ  # measured sizes
+for run, dtype in (("fp32 AdamW", "fp32"), ("pure bf16 AdamW", "bf16")):
+    b = memory.tensor_bytes((1,), dtype)  # bytes per element
+    by_hand = (6 * N * D + 4 * N * F + B * H * T**2) * b + 16 * N * D + 8 * N + T**2
+    assert by_hand == TM.runs(mem_rows)[run]["block_saved_bytes"][-1]  # measured by the hooks
+    assert by_hand == saved_bytes(cfg, B, T, dtype=dtype).block_bytes  # the library
+    print(f"{run}: one block saves {glue(f'block_{dtype}', by_hand):,} bytes")
+square_share = glue("block_square_share", (B * H * T**2 * b + T**2) / by_hand)  # bf16: the last
+
+# %% [markdown]
+# The closed form, the hooks and the library agree to the byte. bf16 does not halve the block:
+# the norms keep fp32 copies. The $T^2$ terms are {glue:text}`block_square_share:.0%` of the bf16
+# block at $T =$ {glue:text}`mem_seq`, and they grow with the square of the length: Q3 takes the
+# count to the {glue:text}`q3_preset` model at {glue:text}`q3_seq:,` tokens, and the attention
+# chapter's fused kernels keep no $T \times T$ tensor at all.
+#
 # The same count, scaled up: model states against model size, one line per recipe
 # ({glue:text}`shared_lines`), with the presets marked and the memory of one and of
 # {glue:text}`n_devices` GPUs as ceilings. A line crosses a ceiling at the largest trainable model.
 
 # %% tags=["remove-cell"]
-by_bytes = {}
-for r in memory.RECIPES.values():
-    by_bytes.setdefault(r.bytes_per_param, []).append(r.name)
-shared_lines = glue("shared_lines", "; ".join(f"{', '.join(names[1:])} dashed on {names[0]}"
-                                              for names in by_bytes.values() if len(names) > 1))
+glue("shared_lines", TM.shared_lines())  # recipes of equal bytes per parameter
 
 # %% tags=["remove-input"]
 kit.draw(plotting.plot_model_states, n_params, width=7.5, height=4.6, accelerator=ACCELERATOR,
@@ -517,19 +585,13 @@ assert written["view"] > memory.tensor_bytes(logits.shape, "fp32") > written["cl
 
 # %% tags=["hide-cell"]
 chain = TransformerConfig.preset(CHAIN_PRESET)
-n_chain = count_params(chain)
 layer = {dt: saved_bytes(chain, CHAIN_BATCH, CHAIN_SEQ, dtype=dt, attention="naive").block_bytes
          for dt in ("fp32", "bf16")}
 attention_weights = CHAIN_BATCH * chain.n_heads * CHAIN_SEQ**2 * 2  # bf16 softmax output
 assert attention_weights < layer["bf16"] < layer["fp32"]
-rows, fits, states = [], {}, {}
-for r in memory.RECIPES.values():
-    states[r.name] = memory.model_state_bytes(n_chain, r)
-    acts = chain.n_layers * layer["fp32" if r.weight_bytes == 4 else "bf16"]
-    need = {"replicated": states[r.name] + acts, "sharded": states[r.name] / N_DEVICES + acts}
-    fits[r.name] = {k: v <= hbm_bytes for k, v in need.items()}
-    rows.append([f"`{r.name}`", f"{states[r.name] / GB:.1f}", f"{acts / GB:.1f}", *(
-        f"{v / GB:.1f}" + ("" if v <= hbm_bytes else " ✗") for v in need.values())])
+needs = TM.recipe_needs(chain, CHAIN_BATCH, CHAIN_SEQ, N_DEVICES)  # bytes: states, acts, per GPU
+states = {name: need["states"] for name, need in needs.items()}
+fits = {n: {k: v[k] <= hbm_bytes for k in ("replicated", "sharded")} for n, v in needs.items()}
 groups = {"both": [n for n, f in fits.items() if f["replicated"]],
           "only_sharded": [n for n, f in fits.items() if f["sharded"] and not f["replicated"]],
           "neither": [n for n, f in fits.items() if not f["sharded"]]}
@@ -541,7 +603,7 @@ for name, value in [("preset", CHAIN_PRESET), ("batch", CHAIN_BATCH), ("seq", CH
                     ("attn_share", attention_weights / layer["bf16"]),
                     *((k, ", ".join(v) or "none") for k, v in groups.items())]:
     glue(f"q3_{name}", value)
-Table(["recipe", "states", "activations", "per GPU, replicated", "per GPU, sharded"], rows)
+TM.needs_table(needs, hbm_bytes)
 
 # %% [markdown]
 # ### Q4 (find the error) Mixed precision halves the memory
@@ -634,3 +696,9 @@ print(f"checked: {whose} solution, on {len(views)} views")
 #   {glue:text}`n_devices` × {glue:text}`hbm_gb:.0f` GB with fp32 AdamW, only when sharded.
 # - The allocator confirms the count {glue:text}`mem_exactness` and shows what it leaves out:
 #   activations, logits, optimizer temporaries, buffers and step counters.
+# - One block saves $(6ND + 4NF + BHT^2)\,b + 16ND + 8N + T^2$ bytes, derived by hand and equal to
+#   what autograd's hooks counted, byte for byte; a block's parameters are $4D^2 + 3DF + 2D$, the
+#   last term its two norm gains.
+# - A linear layer multiplies the variance by $d_\text{in}\sigma_w^2$: weights start near
+#   $1/\sqrt{d_\text{in}}$; the book's fixed {glue:text}`init_std` matches only at $d_\text{in} =$
+#   {glue:text}`init_d:,.0f`, and the pre-norm keeps the signal in range anyway.

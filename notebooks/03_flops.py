@@ -51,7 +51,7 @@ import torch
 from IPython.display import display
 from torch.utils.flop_counter import FlopCounterMode
 
-from mlsys import experiments, hardware
+from mlsys import experiments, hardware, third_party
 from mlsys.accounting import flops, memory, utilization
 from mlsys.accounting.params import count_params, param_counts
 from mlsys.book import glue, solved_by
@@ -80,6 +80,7 @@ RULE_PRESETS = ("debug", "small", "medium", "large", "xl", "2.7B")  # the 6N plo
 RULE_SEQS = tuple(2**k for k in range(6, 18))  # 64 ... 131,072 tokens
 # Measured MFU of training steps on this machine: sizes per profile live with the experiment
 STEPS = env.pick(**train_step.SIZES)
+DECODE_PRESET, DECODE_CONTEXTS = "2.7B", (1, 256, 1_024)  # generation with a KV cache
 
 
 # %% tags=["remove-cell"]
@@ -333,6 +334,28 @@ preset_table
 # counter books *backward* operators to modules only approximately: compare backward totals.
 # ```
 #
+# ### The causal convention changes MFU
+#
+# A causal model uses only the pairs $j \le i$ of the $T^2$ scores, $T(T+1)/2$ of them, and three
+# ways of counting them circulate (`mlsys.accounting.attention.CAUSAL_CONVENTIONS`): **dense**, all
+# $T^2$ pairs, what the naive kernel executes, what the counter reports and what the MFU formulas of
+# PaLM and Megatron-LM count {cite}`chowdhery2022palm` {cite}`korthikanti2022reducing`; **half**,
+# $T^2/2$, the FlashAttention-2 paper's benchmarks {cite}`dao2023flashattention2`; **exact**, the
+# pairs attended. The attention term of a training token drops from $12LTD$ to about $6LTD$. The
+# step's time does not change, so the MFU reported for the *same* run drops with its FLOP count: at
+# the question's {glue:text}`target_mfu_pct:.0f`% (dense),
+
+# %% tags=["hide-input"]
+per_70b = flop_counts.causal_flops_per_token(SHAPE_70B, SEQ_70B)  # dense, half, exact
+glue("causal_mfu_70b_pct", 100 * TARGET_MFU * per_70b["half"] / per_70b["dense"])
+flop_counts.causal_table([(f"`{BREAKDOWN_PRESET}`", cfg, SEQ), ("70B shape", SHAPE_70B, SEQ_70B)],
+                         TARGET_MFU)
+
+# %% [markdown]
+# The 70B run of the question is a {glue:text}`causal_mfu_70b_pct:.1f`% MFU run by the causal
+# count: the same days, a different number. Two MFUs compare only under one convention; this book
+# uses the dense one, the counter's, and so do the published figures below.
+#
 # ## FLOPs per token and the 6N rule
 #
 # Divide by the $BT$ tokens. Every weight matrix costs 2 FLOPs per weight per token in the forward
@@ -436,15 +459,46 @@ flop_counts.claimed_table(checks)
 #   matrices, $6BTDF$. Models that adopt SwiGLU usually shrink $F$ to about $\tfrac{8}{3}D$
 #   {cite}`shazeer2020glu` to keep the FLOPs of the $F = 4D$ MLP; the CS336 presets keep $F = 4D$.
 #
+# ## Generating a token: decode FLOPs with a KV cache
+#
+# Training takes all $T$ tokens of a sequence at once. Generation makes one token at a time, and
+# each new token attends to every earlier one. Re-running the model over the whole prefix for every
+# new token would cost a full forward each time; a *KV cache* keeps every layer's keys and values
+# of the earlier positions, so the new token needs only its own row: each weight once, $2N_\text{
+# matmul}$ FLOPs, and the scores and weighted values against the $t$ cached positions, $2 \cdot 2tD$
+# per layer:
+#
+# $$ \frac{\text{decode FLOPs}}{\text{token}} = 2N_\text{matmul} + 4LDt , $$
+#
+# a third of a training token at sequence length $t$. `decode_flops` counts it with PyTorch's
+# counter (one token through the real model on the meta device, plus one query's attention against
+# $t$ cached keys and values) and asserts the formula, here for the {glue:text}`decode_preset`
+# preset:
+
+# %% tags=["hide-input"]
+decode_cfg = TransformerConfig.preset(DECODE_PRESET)
+t_equal = param_counts(decode_cfg).matmul / (2 * decode_cfg.n_layers * decode_cfg.d_model)
+for name, value in {"decode_preset": DECODE_PRESET, "decode_t_equal": t_equal}.items():
+    glue(name, value)
+flop_counts.decode_table(decode_cfg, DECODE_CONTEXTS)  # counted, and asserted = the formula
+
+# %% [markdown]
+# The weights dominate: the cached attention equals them only at $t = N_\text{matmul}/(2LD) =$
+# {glue:text}`decode_t_equal:,.0f` positions. The cache turns each new token's forward over the
+# whole prefix into one token's work, $t$ times less. Few FLOPs per token is not the same as a fast
+# token, though: each decoded token reads every weight and the whole cache for them, and the
+# byte-movement chapters show that reading, not arithmetic, sets the pace of decoding.
+#
 # ## MFU and HFU
 #
 # **Model FLOPs utilization** (MFU), introduced with PaLM {cite}`chowdhery2022palm`, divides the
 # FLOPs the *model* requires (forward + backward, $3\times$ forward) by the time and the peak; it
 # does not reward extra work. **Hardware FLOPs utilization** (HFU) counts every FLOP executed,
 # including the forward recomputed during the backward when activations are checkpointed
-# {cite}`korthikanti2022reducing`: with full recomputation a step executes four forwards' worth
-# instead of three {cite}`narayanan2021efficient`, so HFU = $\tfrac{4}{3}$ MFU for the same run (a
-# run reporting 45% MFU with full recomputation has 60% HFU; MFU is the number to compare).
+# {cite}`korthikanti2022reducing`: with full recomputation a step executes about four forwards'
+# worth instead of three {cite}`narayanan2021efficient`, so HFU $\approx \tfrac{4}{3}$ MFU for the
+# same run (a run reporting 45% MFU with full recomputation has about 60% HFU; MFU is the number
+# to compare). How close to $\tfrac{4}{3}$ depends on what is rerun, below.
 #
 # ```{literalinclude} ../lib/mlsys/accounting/utilization.py
 # :pyobject: mfu
@@ -456,6 +510,22 @@ step_mfu = utilization.mfu(3 * forward_flops, step_s, peak)
 step_hfu = utilization.hfu(utilization.hardware_training_flops(forward_flops, recompute="full"),
                            step_s, peak)
 assert math.isclose(step_hfu, 4 / 3 * step_mfu)
+
+# %% [markdown]
+# "HFU = $\tfrac{4}{3}$ MFU" counts a whole extra forward, the output head included. Megatron-LM's
+# full recomputation reruns every block but not the head (its FLOP formula keeps the head's term
+# at $6BTDV$ {cite}`narayanan2021efficient`), a little under $\tfrac{4}{3}$. PyTorch's
+# non-reentrant `torch.utils.checkpoint` around each block also stops each rerun as soon as the
+# tensors the backward needs are back, so a block's last matmul ($w_2$) is never rerun: chapter
+# {ref}`sec-benchmarking` counts {glue:text}`hfu_early_pct:.1f`% recomputed, not 33%. Each number
+# is right for what it reruns. For the {glue:text}`breakdown_preset` model at batch
+# {glue:text}`batch` × {glue:text}`seq` (chapter 05's sizes), with the HFU that a run at
+# {glue:text}`target_mfu_pct:.0f`% MFU would report:
+
+# %% tags=["hide-input"]
+hfu_ratios = flop_counts.recompute_ratios(cfg, BATCH, SEQ)  # HFU / MFU, per convention
+glue("hfu_early_pct", 100 * (hfu_ratios[flop_counts.RECOMPUTE_CONVENTIONS[-1]] - 1))
+flop_counts.recompute_table(cfg, BATCH, SEQ, TARGET_MFU)
 
 # %% [markdown]
 # ## Measurement: MFU of a training step on this machine
@@ -489,10 +559,8 @@ kit.draw(train_step.plot, step_rows, width=6.4, height=3.8, accelerator=hardware
          label=f", {env.device_name()}")
 
 # %% [markdown]
-# On {glue:text}`device_name` ({glue:text}`train_desc`): {glue:text}`mfu_verdict`. Large training
-# runs report MFU around 40–50% (PaLM: 46% {cite}`chowdhery2022palm`); reaching that takes large
-# matmuls, fused kernels, and the parallelism chapters' overlap of communication with compute.
-# The same experiment at GPU sizes: {glue:text}`step_records`
+# On {glue:text}`device_name` ({glue:text}`train_desc`): {glue:text}`mfu_verdict`. The same
+# experiment at GPU sizes: {glue:text}`step_records`
 
 # %% tags=["remove-input"]
 step_records = experiments.recorded("train_step")
@@ -506,6 +574,36 @@ for record in step_records:
     display(train_step.table(record["results"], accelerator))
     kit.draw(train_step.plot, record["results"], width=6.4, height=3.8, accelerator=accelerator,
              label=f", {record['provenance']['device']} (recorded)")
+
+# %% [markdown]
+# ### What large runs report
+#
+# Published utilizations, each from its paper, beside this book's: PaLM {cite}`chowdhery2022palm`
+# (whose Table 3 also estimates three earlier runs), Megatron-LM {cite}`narayanan2021efficient`
+# {cite}`korthikanti2022reducing` and Llama 3 {cite}`dubey2024llama3`. They are whole training runs
+# of hundreds of billions of parameters on thousands of chips, with communication, pipeline
+# bubbles and failures included; the book's rows are one device, one small model, no
+# communication, and the live row is measured against this device's own matmul ceiling rather
+# than a spec sheet.
+
+# %% tags=["hide-input"]
+measured = [(f"book, d_model {STEPS.config.d_model} ({env.device_name()})", "1 (this machine)",
+             max(train_step.mfus(step_rows).values()), "vs the measured matmul ceiling")]
+for record in step_records:
+    dtype = next(r["dtype"] for r in record["results"] if r["kind"] == "consistency")
+    spec = hardware.match_device_name(record["provenance"]["device"]).peak_flop_per_s(dtype)
+    measured.append(("book (recorded)", f"1 {record['provenance']['device']}",
+                     max(train_step.mfus(record["results"], spec).values()),
+                     f"{dtype}, vs the dense spec peak"))
+mfus = {r.run: r.mfu for r in third_party.PUBLISHED_MFU if r.mfu}  # a run's last row
+glue("palm_mfu_pct", 100 * mfus["PaLM 540B"])
+glue("published_mfus", f"{min(mfus.values()):.0%} to {max(mfus.values()):.0%}")
+flop_counts.published_mfu_table(measured)
+
+# %% [markdown]
+# Reaching PaLM's {glue:text}`palm_mfu_pct:.1f`% takes large matmuls, fused kernels, and the
+# parallelism chapters' overlap of communication with compute; the ceiling is the same for all of
+# them, and the conventions (dense attention, recomputation counted or not) are the ones above.
 
 # %% [markdown]
 # With the FLOPs known, the step time of any preset on any accelerator at a stated MFU is one
@@ -697,9 +795,14 @@ print(f"checked: {whose} solution gives the counter's {q5:,} FLOPs for one `smal
 #   (wrong at long sequences) and counts the embedding (wrong for small models).
 # - Circulating formulas: a linear layer needs the factor $T$; the attention $T^2$ term has no
 #   factor $H$; SwiGLU has three matrices ($6BTDF$, not $4BTDF$).
-# - MFU = model FLOPs / (time × dense peak); HFU also counts recomputation (4/3 × MFU with full
-#   recomputation). Use the dense peak: {glue:text}`sparse_tflops:,.0f` TFLOP/s is the H100's sparse
-#   figure.
+# - MFU = model FLOPs / (time × dense peak); HFU also counts recomputation: 4/3 × MFU for a whole
+#   extra forward, {glue:text}`hfu_early_pct:.1f`% more for PyTorch's per-block checkpoint. Use
+#   the dense peak: {glue:text}`sparse_tflops:,.0f` TFLOP/s is the H100's sparse figure. Count
+#   attention one way: the causal half lowers a dense 50% MFU to
+#   {glue:text}`causal_mfu_70b_pct:.1f`% for the 70B shape. Published runs report MFUs of
+#   {glue:text}`published_mfus`.
+# - Decoding with a KV cache costs $2N_\text{matmul} + 4LDt$ FLOPs per token, a third of a
+#   training token at length $t$; without the cache, a forward over the whole prefix.
 # - Time = FLOPs / (GPUs × peak × MFU): {glue:text}`n_params_b:.0f`B parameters on
 #   {glue:text}`n_tokens_t:.0f`T tokens take about {glue:text}`days:.0f` days on
 #   {glue:text}`n_gpus:,` H100s at {glue:text}`target_mfu_pct:.0f`% MFU.

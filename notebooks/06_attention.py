@@ -52,13 +52,12 @@ import torch
 
 from mlsys import experiments, hardware, roofline, tables
 from mlsys.accounting import attention as attention_cost
-from mlsys.accounting import attention_traffic, flops, tiles
-from mlsys.accounting.params import param_counts
+from mlsys.accounting import attention_traffic, tiles
 from mlsys.book import Table, glue, solved_by
 from mlsys.diagrams import tiling
+from mlsys.experiments import attention_checks as checks
 from mlsys.experiments import attention_model_step, attention_sweep, flash_benchmark, kit, pages
 from mlsys.experiments import attention_sweep_seed as sweep_seed
-from mlsys.experiments.attention_checks import flash_torch_table, flash_triton_table
 from mlsys.kernels import _triton, aot, compile_predictions, compile_report, compile_tables
 from mlsys.kernels.flash_tiles import TILES as FLASH_TILES
 from mlsys.models.config import TransformerConfig
@@ -107,21 +106,10 @@ STEP = env.pick(**attention_model_step.SIZES)
 # tokens per sequence, per layer and batch of {glue:text}`blk_batch`:
 
 # %% tags=["hide-input"]
-cfg = TransformerConfig.preset(PRESET)
-layer = flops.transformer_flops(cfg, BATCH, SEQ).layer
-projections = layer.q_proj + layer.k_proj + layer.v_proj + layer.o_proj
-core = layer.attention_scores + layer.attention_values
-assert param_counts(cfg).attention_per_layer == 4 * cfg.d_model**2  # no biases
-assert core == attention_cost.attention_forward_flops(BATCH, cfg.n_heads, SEQ, SEQ,
-                                                      cfg.d_head)  # dense
-glue("blk_tokens", f"{SEQ:,}")
-glue("blk_batch", BATCH)
-glue("blk_core_share", 100 * core / (core + projections))
-cross = 2 * cfg.d_model  # 4 n^2 D >= 8 n D^2  <=>  n >= 2D
-lf_cross = flops.transformer_flops(cfg, 1, cross).layer
-assert lf_cross.attention_scores + lf_cross.attention_values == (
-    lf_cross.q_proj + lf_cross.k_proj + lf_cross.v_proj + lf_cross.o_proj)
-glue("core_cross", f"{cross:,}")
+cfg = TransformerConfig.preset(PRESET)  # the laws are asserted where they are computed
+for name, value in {**checks.block_numbers(cfg, BATCH, SEQ), **checks.io_numbers(
+        SPEC, 65_536, heads=cfg.n_heads, d_head=cfg.d_head, block_q=TILE)}.items():
+    glue(name, value)  # FLOP shares; the IO bound at the table's longest row
 Table(*tables.attention_block_table(TransformerConfig.preset(PRESET, context_length=65_536),
                                     (256, 1_024, 4_096, 16_384, 65_536), tile=TILE))
 
@@ -133,6 +121,33 @@ Table(*tables.attention_block_table(TransformerConfig.preset(PRESET, context_len
 # through memory several times (`naive_attention_ops`), the tiled kernel moves $Q, K, V, O$, reading
 # $K$ and $V$ once per query tile of {glue:text}`tile` rows. At {glue:text}`blk_tokens` tokens the
 # two $n^2$ matmuls are {glue:text}`blk_core_share:.0f`% of the attention FLOPs of `small`.
+#
+# ### Bytes: the IO complexity
+#
+# Why does the last column stop growing? Count accesses to main memory in elements, for one head of
+# $N$ tokens and head dim $d$, on a chip that keeps $M$ elements beside its cores (Dao et al.,
+# Theorem 2 {cite}`dao2022flashattention`). Standard attention reads $Q, K, V$ and writes $O$,
+# $\Theta(Nd)$, and writes $S$ and $P$ and reads them back, $\Theta(N^2)$: $\Theta(Nd + N^2)$. The
+# tiled kernel never writes $S$ or $P$; it pays instead by reading $K$ and $V$ again for every
+# query tile. How large can a tile be? A program keeps its tile of $Q$, its output accumulator and
+# the tiles of $K$ and $V$ it streams on chip, each of $b \times d$ elements, so $b = \Theta(M/d)$:
+# the paper takes $B_c = \lceil M/4d \rceil$ key rows and $B_r = \min(B_c, d)$ query rows. One H100
+# SM's {glue:text}`io_smem_kib:.0f` KiB of shared memory hold $M$ = {glue:text}`io_m:,` bf16
+# elements: $B_c$ = {glue:text}`io_block_c` and $B_r$ = {glue:text}`io_block_r` at $d$ =
+# {glue:text}`io_d`. With $N/b$ query tiles each reading the $2Nd$ elements of $K$ and $V$, the
+# tiled kernel makes $\Theta(N^2d/b) = \Theta(N^2d^2/M)$ accesses; as $d^2$ =
+# {glue:text}`io_d2:,` is below $M$, that is fewer than $N^2$, by a factor $\Theta(M/d^2)$ that
+# does not depend on $N$. No exact attention does better for every $M$ (their Proposition 3).
+#
+# So tiling divides the bytes by a constant that the chip and the head dim set; it does not change
+# how they grow. In the table's bytes (causal, bf16, `attention_traffic`), the naive ops move 8 $n
+# \times n$ matrices per head (`naive_attention_ops`: scores, scale, mask, softmax, each written
+# and read back), while the tiled kernel reads the $K$ and $V$ rows up to each query tile's
+# diagonal, about $n^2 d / b_q$ elements per head. Both are quadratic, so their ratio saturates at
+# $8n^2 / (n^2 d / b_q) = 8 b_q / d$ = {glue:text}`io_limit:.0f` for `small` ($d$ =
+# {glue:text}`io_d`, $b_q$ = {glue:text}`tile`), plus the bool mask's small share: at
+# {glue:text}`io_seq` tokens it is {glue:text}`io_ratio:.2f`. Larger query tiles raise the limit, a
+# larger head dim lowers it.
 #
 # ### Memory of naive attention
 #
@@ -157,20 +172,26 @@ our_extra = glue("our_extra", (q_mem.backward_peak_bytes - q_mem.before_backward
                  / q_mem.matrix_bytes)
 assert abs(seed["bytes_per_pair"] - seed["per_pair"]) < 1  # settles near 32: P, batch x fp32
 assert round(seed["their_extra"] - our_extra) == 1  # one n x n matrix more than the book's code
-for name in ("per_pair", "their_extra", "seed_peak_gb", "seed_peak_2x_gb", "their_comp_extra"):
-    glue(name, seed[name])
+assert seed["qkv_short_mib"] < 0.5 < 8 < seed["offset_lo_mib"] < seed["offset_hi_mib"] < 17
+for name, value in seed.items():  # the offset: memory held before, not q, k, v (MiB)
+    glue(name, value)
 sweep_seed.seed_table(SWEEP_BATCH)
 
 # %% [markdown]
 # The seed's sweep (a third party's measurement {cite}`cs336_2025`: batch 8, one head, fp32, on an
-# Ampere GPU) checked against the count. Its "memory / seq²" settles near {glue:text}`per_pair`
-# bytes because $P$ holds one fp32 number per (query, key) pair for each of 8 sequences: $8 \times
-# 4$; at short lengths $q, k, v$ and the CUDA context's fixed allocations dominate. During the
-# backward their run added {glue:text}`their_extra:.2f` matrices of that size, where the book's
-# `naive_attention` adds {glue:text}`our_extra:.2f` ($dP$, $dS$, and the small $dV$): their code
-# holds one more $n \times n$ temporary than ours (which, their table does not say). Compiled, they
-# add {glue:text}`their_comp_extra:.2f`: the fused backward never holds $P$, $dP$ and a separate
-# $dS$ at once. Where does the peak stop fitting? Batch 8, fp32, one head, the eager peak against
+# Ampere GPU) checked against the count. Their readings in bytes per $n^2$ settle near
+# {glue:text}`per_pair` because $P$ holds one fp32 number per (query, key) pair for each of 8
+# sequences: $8 \times 4$ (the seed's own "Memory/seq²" column says otherwise: Q5). At short
+# lengths a fixed offset dominates: every reading lies {glue:text}`offset_lo_mib:.1f` to
+# {glue:text}`offset_hi_mib:.1f` MiB above the count with $q, k, v$ (fifth column), memory their
+# allocator already held when the reading began. It is not $q, k, v$, which at 256 tokens and $d$
+# = 16 are {glue:text}`qkv_short_mib:.3f` MiB, nor the CUDA context, which lives outside the
+# caching allocator and which its counters never include. During the backward their run added
+# {glue:text}`their_extra:.2f` matrices of that size, where the book's `naive_attention` adds
+# {glue:text}`our_extra:.2f` ($dP$, $dS$, and the small $dV$): their code holds one more $n \times
+# n$ temporary than ours (which, their table does not say). Compiled, they add
+# {glue:text}`their_comp_extra:.2f`: the fused backward never holds $P$, $dP$ and a separate $dS$
+# at once. Where does the peak stop fitting? Batch 8, fp32, one head, the eager peak against
 # each device's memory:
 
 # %% tags=["hide-input"]
@@ -272,7 +293,7 @@ assert glue("err_merge", err_merge) < 1e-12
 # reference on irregular shapes, causal (bottom-right when $n_q \ne n_k$), forward and backward:
 
 # %% tags=["hide-input"]
-flash_torch_table(SHAPES, g)  # each error asserted below its bound
+checks.flash_torch_table(SHAPES, g)  # each error asserted below its bound
 
 # %% [markdown]
 # ### The Triton kernels
@@ -280,9 +301,13 @@ flash_torch_table(SHAPES, g)  # each error asserted below its bound
 # `mlsys.kernels.flash_attention` runs the same algorithm on a GPU, one program per query tile and
 # (batch, head): $Q$'s tile stays in registers, $K$ and $V$ stream through in tiles, the running max
 # and sum stay in fp32. For a causal mask the loop over key tiles stops at the diagonal, so tiles
-# entirely above it are never loaded, and only the tile crossing it is masked. One program, causal,
-# with one of the forward's tiles on a GPU (`flash_tiles.TILES`): {glue:text}`tile_q` query rows
-# held, {glue:text}`tile_k` key rows streamed:
+# entirely above it are never loaded. Inside the loop the kernel applies the causal comparison and
+# its `tl.where` to every tile it visits: on a tile wholly below the diagonal that keeps every
+# score, an elementwise pass that changes nothing. FlashAttention-2's CUDA kernels and the Triton
+# tutorial {cite}`triton_tutorials` split the loop instead, the full tiles first without a mask,
+# then the diagonal tiles with it; the causal map below counts how many visited tiles need no
+# mask. One program, causal, with one of the forward's tiles on a GPU (`flash_tiles.TILES`):
+# {glue:text}`tile_q` query rows held, {glue:text}`tile_k` key rows streamed:
 
 # %% tags=["remove-input"]
 tiling.draw_flash_tiling(DRAW_SEQ, DRAW_SEQ, DRAW_D, block_q=FLASH_TILE[0],
@@ -306,13 +331,23 @@ plt.show()
 # over its key tiles. $dQ$ sums over key tiles, which the $dK/dV$ programs own: FlashAttention-2's
 # CUDA code adds each contribution with atomics into an fp32 buffer (5 matmuls per tile pair, a
 # summation order that changes from run to run); the book's kernel recomputes $S$ and $dP$ in a
-# separate $dQ$ kernel instead (7 matmuls, no atomics, bit-for-bit reproducible gradients). Without
-# a GPU the kernels run in Triton's interpreter, slowly but exactly:
+# separate $dQ$ kernel instead (7 matmuls, no atomics, bit-for-bit reproducible gradients). The
+# dK/dV kernel: its key tile stays on chip while the query tiles that see it stream past, $P^\top$
+# rebuilt from $L$ for each:
+#
+# ```{literalinclude} ../lib/mlsys/kernels/flash_attention.py
+# :pyobject: _flash_bwd_dkdv_kernel
+# ```
+#
+# The $dQ$ kernel (`_flash_bwd_dq_kernel`) is the forward's loop over key tiles, recomputing $S$
+# and $dP$ the same way and accumulating $dQ$ on chip. Without a GPU the kernels run in Triton's
+# interpreter, slowly but exactly:
 
 # %% tags=["hide-input"]
 glue("triton_mode", "interpreted on the CPU" if _triton.INTERPRETED else "compiled on the GPU"
      if _triton.HAS_TRITON else "not run: Triton is not installed (Linux only)")
-flash_triton_table(TRITON_SHAPES, TRITON_DTYPES, g, "cuda" if env.device() == "cuda" else "cpu")
+checks.flash_triton_table(TRITON_SHAPES, TRITON_DTYPES, g,
+                          "cuda" if env.device() == "cuda" else "cpu")
 
 # %% [markdown]
 # The kernels ({glue:text}`triton_mode`) match the float64 reference; the test suite checks them on
@@ -320,19 +355,8 @@ flash_triton_table(TRITON_SHAPES, TRITON_DTYPES, g, "cuda" if env.device() == "c
 # save, and what does the backward pay for not storing $P$? With tiles of {glue:text}`tile`:
 
 # %% tags=["hide-input"]
-n_big, d_big = Q_SEQ, 128
-dense, exact_pairs = (attention_cost.score_pairs(n_big, n_big, causal=c) for c in (False, True))
-tiled_pairs = attention_cost.tiled_score_pairs(n_big, n_big, block_q=TILE, block_k=TILE,
-                                               causal=True)
-p_bytes = attention_cost.naive_memory(1, 1, n_big, n_big, d_big, "bf16").matrix_bytes
-fwd = attention_cost.attention_forward_flops(1, 1, n_big, n_big, d_big, causal=True)
-extra = {s_: attention_cost.attention_backward_flops(1, 1, n_big, n_big, d_big, causal=True,
-                                                     strategy=s_) / fwd
-         for s_ in attention_cost.BACKWARD_MATMULS}
-assert exact_pairs < tiled_pairs < 0.51 * dense
-for name, value in {"tiled_share": 100 * tiled_pairs / dense, "big_seq": f"{n_big:,}",
-                    "exact_share": 100 * exact_pairs / dense, "p_mb": p_bytes / 1e6,
-                    **{f"bwd_{s_}": ratio for s_, ratio in extra.items()}}.items():  # per strategy
+n_big, d_big = Q_SEQ, 128  # pairs, P's bytes, backward FLOPs: each law asserted in causal_work
+for name, value in {"big_seq": f"{n_big:,}", **checks.causal_work(n_big, d_big, TILE)}.items():
     glue(name, value)
 
 # %% [markdown]
@@ -342,7 +366,11 @@ for name, value in {"tiled_share": 100 * tiled_pairs / dense, "big_seq": f"{n_bi
 # backward; recomputing it costs matmuls instead: the backward does {glue:text}`bwd_stored_p:.1f`×
 # the forward's FLOPs with $P$ stored, {glue:text}`bwd_atomic_dq:.1f`× with atomics and
 # {glue:text}`bwd_separate_dq:.1f`× with the book's separate $dQ$ kernel. FLOPs are cheap next to
-# $n^2$ bytes: the recomputation is what makes the backward fit and what makes it fast.
+# $n^2$ bytes: the recomputation is what makes the backward fit and what makes it fast. Against
+# naive autograd, which computes every pair and masks afterwards, the causal tiled backward does
+# {glue:text}`fa2_fewer:.0f`% fewer matmul FLOPs with FlashAttention-2's atomics and
+# {glue:text}`book_fewer:.0f`% fewer with the book's kernels: the skipped tiles outweigh the
+# recomputation. Only without a mask does the tiled backward do more work than naive (Q2).
 #
 # Which tiles are those? The map of a causal kernel's tiles at {glue:text}`map_seq` tokens, with
 # the forward's {glue:text}`tile_q` × {glue:text}`tile_k` tiles drawn above, sorted by the kernel's
@@ -352,17 +380,61 @@ for name, value in {"tiled_share": 100 * tiled_pairs / dense, "big_seq": f"{n_bi
 kinds = tiling.causal_tiles(MAP_SEQ, MAP_SEQ, block_q=FLASH_TILE[0], block_k=FLASH_TILE[1])
 for name, value in {"map_seq": f"{MAP_SEQ:,}", "map_tiles": sum(map(len, kinds.values())),
                     "tile_q": FLASH_TILE[0], "tile_k": FLASH_TILE[1],  # the tiling's, too
+                    "map_needless": 100 * len(kinds["full"]) / (len(kinds["full"])
+                                                                + len(kinds["diagonal"])),
                     **{f"map_{k}": len(found) for k, found in kinds.items()}}.items():
+    glue(name, value)
+for name, value in checks.fa2_changes(SPEC, hardware.A100_80GB_SXM, heads=16, seq=Q_SEQ,
+                                      block_q=TILE).items():  # the next section's numbers
     glue(name, value)
 tiling.draw_causal_tiles(MAP_SEQ, MAP_SEQ, block_q=FLASH_TILE[0], block_k=FLASH_TILE[1])
 plt.show()
 
 # %% [markdown]
 # Of the {glue:text}`map_tiles` tiles, {glue:text}`map_skipped` lie past the loop bound and are
-# never loaded, {glue:text}`map_full` are computed with no mask, and {glue:text}`map_diagonal`
-# cross the diagonal: computed whole, then masked, which
-# is where the tiled kernel does more work than the exact triangle. Smaller tiles follow the
-# diagonal more closely but reload $K$ and $V$ more often.
+# never loaded, {glue:text}`map_full` have no pair to mask, and {glue:text}`map_diagonal` cross the
+# diagonal: computed whole, then masked, which is where the tiled kernel does more work than the
+# exact triangle. The book's kernel evaluates the mask on the full tiles too:
+# {glue:text}`map_needless:.0f`% of the tiles it visits need none, a share that grows with the
+# length. Smaller tiles follow the diagonal more closely but reload $K$ and $V$ more often.
+#
+# ### FlashAttention, FlashAttention-2, FlashAttention-3
+#
+# The book's kernels follow FlashAttention-2 {cite}`dao2023flashattention2`, which kept the tiling
+# and the online softmax of FlashAttention {cite}`dao2022flashattention` and changed four things:
+#
+# - **Loop order.** FlashAttention's outer loop ran over key and value blocks and its inner loop
+#   over query blocks, so every query block's $O$, $m$ and $\ell$ went back to main memory after
+#   each key block and were read again for the next. FlashAttention-2 swaps the loops: a program
+#   owns one query tile, streams every key tile past it, and writes $O$ and $L$ once, as
+#   `_flash_fwd_kernel` above does.
+# - **Parallelism over the sequence.** FlashAttention launched one thread block per (batch, head).
+#   FlashAttention-2 adds the query tiles to the forward's grid (and the key tiles to the dK/dV
+#   kernel's). One sequence of {glue:text}`fa2_heads` heads at {glue:text}`big_seq` tokens on an
+#   H100:
+#   {glue:text}`fa2_fa1_blocks` blocks for {glue:text}`fa2_sms` SMs, so at most
+#   {glue:text}`fa2_fa1_busy:.0f`% of the SMs busy, against {glue:text}`fa2_programs:,` programs,
+#   {glue:text}`fa2_waves:.1f` waves of one per SM. Long sequences come in small batches: this is
+#   where it matters.
+# - **The division by $\ell$ deferred.** FlashAttention rescaled its output by the running sum's
+#   inverse at every key block; FlashAttention-2 keeps the unnormalized accumulator, multiplies it
+#   only by $e^{m_\text{old} - m_\text{new}}$, and divides once at the end ($O = o/\ell$ above).
+#   It also saves one number per row for the backward, $L = m + \log \ell$, instead of $m$ and
+#   $\ell$.
+# - **Fewer non-matmul FLOPs.** Those changes cut elementwise work, and the work within a program
+#   is split among its warps by query rows instead of by keys, so warps no longer add partial
+#   results through shared memory. Elementwise FLOPs matter beyond their count: a bf16 matmul FLOP
+#   on the tensor cores is {glue:text}`fa2_rate_old:.0f`× cheaper than an fp32 FLOP off them on the
+#   A100, {glue:text}`fa2_rate_new:.0f`× on the H100 (`hardware`).
+#
+# FlashAttention-3 {cite}`shah2024flashattention3` is written for the H100 and uses what Hopper
+# added. The TMA unit copies tiles and `wgmma` multiplies asynchronously, so producer warps load
+# $K$ and $V$ while consumer warpgroups compute (warp specialization); two warpgroups take turns,
+# one's softmax running while the other's matmuls do, and within a warpgroup the softmax of one
+# tile overlaps the matmuls of the next; and an fp8 path quantizes per block and first multiplies
+# $Q$ and $K$ by a random orthogonal matrix that spreads outliers across the dimensions
+# (incoherent processing). The book's Triton kernel gets `wgmma` and the `cp.async` pipeline from
+# the compiler, as the next section shows, but no warp specialization.
 #
 # ### What the compiler made of it
 #
@@ -497,11 +569,32 @@ kit.draw(attention_sweep.plot, sweep_rows, ncols=2, width=11.0, height=4.0)
 
 # %% [markdown]
 # Memory: {glue:text}`sweep_memory`. Compiled: {glue:text}`sweep_compiled`. What Inductor does
-# depends on the device: on a GPU it fuses the scale, mask and softmax, forward and backward, into
-# single kernels (the seed's compiled peak is half its eager one); on a CPU it may go further and
-# replace the whole pattern by PyTorch's fused attention, keeping no $n \times n$ matrix at all.
-# Where it loses: each new shape compiles again, and a fused softmax still writes $P$ to memory
-# once, which a tiled kernel never does.
+# depends on the dtype and a setting, not on the device. Its pattern matcher can replace the whole
+# pattern by PyTorch's fused attention (`scaled_dot_product_attention`), keeping no $n \times n$
+# matrix at all; but it skips fp32 inputs on a CUDA GPU unless TF32 matmuls are allowed
+# (`torch.set_float32_matmul_precision("high")`), since the fused kernels would compute in TF32
+# (`_sfdp_params_check` in torch's `fuse_attention.py`). The seed's sweep and the recorded one
+# are fp32 with TF32 off, so there Inductor only fused the scale, mask and softmax, forward and
+# backward, into single kernels: compiled, they keep $P$ for the backward as eager does, and the
+# seed's compiled peak is half its eager one. A CPU has no such check, and on a GPU bf16 inputs
+# are rewritten too. Where it loses: each new shape compiles again,
+# and a fused softmax still writes $P$ to memory once, which a tiled kernel never does.
+#
+# Does the eager forward grow as $n^2$? At this sweep's last doubling in the cpu profile it can
+# grow far faster, and two explanations fit the size of its $n \times n$ matrices there: they
+# outgrow the CPU's caches, or each is fresh memory that the OS maps and zeroes page by page on
+# first write, because PyTorch's CPU allocator returns large freed blocks to it
+# ({ref}`sec-bytes`). A probe tells them apart: that doubling (the sweep's batch, its smallest
+# head dim) timed with the allocator as it is and with freed memory kept mapped
+# (`bench.kept_cpu_memory`), and the page faults of one forward:
+
+# %%
+probe_rows = checks.allocation_probe()  # on this machine's CPU, whatever the profile
+glue("sweep_jump", checks.jump_verdict(probe_rows))
+checks.probe_table(probe_rows)
+
+# %% [markdown]
+# On this machine: {glue:text}`sweep_jump`.
 #
 # ### Every implementation, timed
 #
@@ -544,10 +637,10 @@ for key, text in attention_model_step.verdicts(step_rows).items():  # memory, ti
 #
 # `python -m mlsys.experiments` runs the three experiments in GPU sizes: the seed's sweep (batch 8,
 # d 16 to 128, up to 32,768 tokens), every implementation in bf16 and fp32 up to 65,536 tokens
-# (naive stops where it runs out of memory), and the `small` model with each backend. The issue's
-# targets, read from the record: at bf16, causal, d = 128 and 16,384 tokens on one H100, the forward
-# at least as fast as the best SDPA backend and at least half the dense peak, forward + backward at
-# least 0.9× the best SDPA backend. {glue:text}`missing_records`
+# (naive stops where it runs out of memory), and the `small` model with each backend. The kernel's
+# targets, read from the record: at bf16, causal, d = 128 and 16,384 tokens on one H100, the
+# forward at least as fast as the best SDPA backend and at least half the dense peak, forward +
+# backward at least 0.9× the best SDPA backend. {glue:text}`missing_records`
 
 # %% tags=["remove-input"]
 missing = glue("missing_records", experiments.show_records(
@@ -561,7 +654,9 @@ missing = glue("missing_records", experiments.show_records(
 # backward's peak ({glue:text}`q_before_gb:.2f` GB and {glue:text}`q_peak_gb:.2f` GB for one head at
 # {glue:text}`q_seq:,` tokens). The online softmax computes the same output one key tile at a time
 # from a running max and sum, and the log-sum-exp it leaves behind lets the backward rebuild $P$
-# tile by tile: $O(n)$ memory, exact results, more FLOPs and far fewer bytes.
+# tile by tile: $O(n)$ memory, exact results, far fewer bytes, and more FLOPs without a mask
+# (with a causal one, {glue:text}`fa2_fewer:.0f`% fewer in the backward than naive autograd's: the
+# skipped tiles).
 # ```
 #
 # ## Exercises
@@ -599,11 +694,11 @@ for name, value in {"q1_naive_gb": naive_keep / 1e9, "q1_flash_mb": flash_keep /
 
 # %% [markdown]
 # ```{dropdown} Answer
-# (a) Naive keeps $P$ and the mask: {glue:text}`q1_naive_gb:.1f` GB; a FlashAttention backend keeps
-# $q, k, v, O$ and $L$: {glue:text}`q1_flash_mb:.0f` MB. (b) Naive moves
-# {glue:text}`q1_naive_io:.0f` GB (every eager op reads and writes an $n \times n$ matrix), the
-# tiled kernel {glue:text}`q1_flash_io:.1f` GB. (c) Each bound is the longer of FLOPs / peak and
-# bytes / bandwidth. Naive (which computes every pair, masked or not):
+# (a) Naive keeps $q, k, v$, $P$ and the bool mask: {glue:text}`q1_naive_gb:.1f` GB, nearly all of
+# it $P$; a FlashAttention backend keeps $q, k, v, O$ and $L$: {glue:text}`q1_flash_mb:.0f` MB.
+# (b) Naive moves {glue:text}`q1_naive_io:.0f` GB (every eager op reads and writes an $n \times n$
+# matrix), the tiled kernel {glue:text}`q1_flash_io:.1f` GB. (c) Each bound is the longer of
+# FLOPs / peak and bytes / bandwidth. Naive (which computes every pair, masked or not):
 # {glue:text}`q1_naive_flop_ms:.1f` ms of FLOPs against {glue:text}`q1_t_naive:.1f` ms of bytes,
 # {glue:text}`q1_naive_bound`. Tiled: {glue:text}`q1_flash_flop_ms:.1f` ms of FLOPs and
 # {glue:text}`q1_flash_byte_ms:.1f` ms of bytes; {glue:text}`q1_flash_bound`. (d) The ratio of the
@@ -613,24 +708,38 @@ for name, value in {"q1_naive_gb": naive_keep / 1e9, "q1_flash_mb": flash_keep /
 # ### Q2 (find the error) FlashAttention does less work
 #
 # "FlashAttention is faster because it does less work: it never computes the full attention matrix,
-# and its backward skips the matrix too." What is wrong? Count the backward's FLOPs.
+# and its backward skips the matrix too." What is wrong? Count the backward's FLOPs against naive
+# autograd's at {glue:text}`big_seq` tokens, $d$ = 64, without a mask and with a causal one
+# (FlashAttention-2, tiles of {glue:text}`tile`).
 
 # %% tags=["hide-cell"]
-q2 = {s_: attention_cost.attention_backward_flops(1, 1, 4_096, 4_096, 64, strategy=s_) for s_ in
+shape_2 = (1, 1, Q_SEQ, Q_SEQ, 64)  # batch, heads, queries, keys, head dim
+q2 = {s_: attention_cost.attention_backward_flops(*shape_2, strategy=s_) for s_ in
       attention_cost.BACKWARD_MATMULS}
 q2_more = glue("q2_more", q2["atomic_dq"] / q2["stored_p"])
 assert q2["separate_dq"] > q2["atomic_dq"] > q2["stored_p"] and q2_more == 1.25  # 5 / 4 matmuls
+naive_2 = attention_cost.attention_backward_flops(*shape_2, causal=True, convention="dense",
+                                                  strategy="stored_p")  # every pair, then masked
+fa2_2 = attention_cost.tiled_attention_backward_flops(*shape_2, block_q=TILE, block_k=TILE,
+                                                      causal=True, strategy="atomic_dq")
+share_2 = attention_cost.tiled_score_pairs(Q_SEQ, Q_SEQ, block_q=TILE, block_k=TILE, causal=True)
+assert math.isclose(glue("q2_fewer", 100 * (1 - fa2_2 / naive_2)),
+                    100 * (1 - 5 / 4 * share_2 / Q_SEQ**2))  # 5 matmuls on the tiles' pairs
 
 # %% [markdown]
 # ```{dropdown} Answer
-# It computes every score, tile by tile; it only never *stores* the matrix. Its backward does more
-# FLOPs than naive autograd's, {glue:text}`q2_more:.2f`× with FlashAttention-2's atomics (it
-# recomputes $S$ and $P$), more with a separate $dQ$ kernel. It is faster because it moves $O(n^2
-# d^2/M)$ bytes instead of $O(n^2)$ (Dao et al.'s IO bound) and fuses the softmax into the matmuls:
-# the time of attention is set by bytes, not FLOPs.
+# It computes every score it needs, tile by tile; it only never *stores* the matrix. Without a mask
+# its backward does more FLOPs than naive autograd's, {glue:text}`q2_more:.2f`× with
+# FlashAttention-2's atomics (it recomputes $S$ and $P$: 5 matmuls against 4), more with a separate
+# $dQ$ kernel. With a causal mask it does less, {glue:text}`q2_fewer:.0f`% fewer FLOPs than naive:
+# naive computes every pair and masks afterwards, while the tiled kernel never visits the tiles
+# above the diagonal, and 5/4 of about half the pairs is less than all of them. The saving comes
+# from the skipped tiles, not from leaving $P$ unstored. Either way it is faster because it moves
+# $O(n^2 d^2/M)$ bytes instead of $O(n^2)$ (Dao et al.'s IO bound) and fuses the softmax into the
+# matmuls: the time of attention is set by bytes, not FLOPs.
 # ```
 #
-# ### Q3 How much does causal skipping save?
+# ### Q3 (multi-step) How much does causal skipping save?
 #
 # With square tiles of $b$ rows and $n = tb$ tokens, how many tiles does a causal kernel compute,
 # and what fraction of the dense work is that at $n$ = 16,384 with $b$ = 64 and 128?
@@ -702,15 +811,50 @@ print(f"checked: {whose} solution, against tiling.causal_tiles and the kernels' 
 # {glue:text}`q4_chunk_share:.1f`% of the pairs are computed.
 # ```
 #
+# ### Q5 (find the error) The seed's memory per seq²
+#
+# The seed divides each "Mem Before" reading of its eager sweep by seq² and prints a "Memory/seq²"
+# column that settles between {glue:text}`q5_lo:.1f` and {glue:text}`q5_hi:.1f` at 16,384 tokens.
+# Yet $P$ alone holds {glue:text}`per_pair` bytes per (query, key) pair (batch 8, fp32). How was
+# their column computed, and what are the right values?
+
+# %% tags=["hide-cell"]
+printed = sweep_seed.printed_per_seq2()  # (d, seq) -> (their reading in MiB, their column)
+for (_, n_5), (mib, shown) in printed.items():  # their column: MiB x 10^6 / seq^2
+    assert math.isclose(mib * 1e6 / n_5**2, shown, rel_tol=1e-3)  # readings printed rounded
+long_5 = [(shown, mib * 2**20 / n_5**2) for (_, n_5), (mib, shown) in printed.items()
+          if n_5 == sweep_seed.SEED_SEQ]  # (their column, bytes per pair)
+theirs_5, bytes_5 = zip(*long_5, strict=True)
+assert max(theirs_5) < seed["per_pair"] < min(bytes_5)  # below P alone; in bytes, above it
+for name, value in {"q5_lo": min(theirs_5), "q5_hi": max(theirs_5), "q5_factor": 2**20 / 1e6,
+                    "q5_true_lo": min(bytes_5), "q5_true_hi": max(bytes_5)}.items():
+    glue(name, value)
+
+# %% [markdown]
+# ```{dropdown} Answer
+# PyTorch's memory statistics count bytes. The seed divided them by $2^{20}$ and printed the result
+# as "MB", then divided those MiB by seq² and multiplied by $10^6$: every value of the column is
+# MiB × 10⁶ / seq², which reproduces each printed value, and is {glue:text}`q5_factor:.4f` times too
+# small. In bytes, MiB × 2²⁰ / seq², the readings at 16,384 tokens are
+# {glue:text}`q5_true_lo:.2f` to {glue:text}`q5_true_hi:.2f` bytes per pair: above the
+# {glue:text}`per_pair` of $P$, as they must be, since $O$ and the fixed offset come on top. A
+# column below what $P$ alone needs should have been the alarm. Their conclusion, memory growing as
+# seq², survives: the error is a constant factor.
+# ```
+#
 # ## Summary
 #
 # - Attention's projections cost $8nD^2$ FLOPs, its two $n^2$ matmuls $4n^2D$ (half with a causal
 #   mask): they dominate from $n = 2D$.
 # - Naive attention keeps $P$ for the backward and holds $P$, $dP$ and $dS$ at its peak: the seed's
-#   "memory/seq²" near 32 is 8 sequences × 4 bytes of $P$.
+#   memory per seq², in bytes, is near 32, 8 sequences × 4 bytes of $P$ (its printed column mixed
+#   MiB with 10⁶).
+# - The naive forward moves $\Theta(Nd + N^2)$ elements, the tiled one $\Theta(N^2d^2/M)$: the
+#   byte ratio saturates at $8b_q/d$.
 # - The online softmax (running max and sum, rescaled) gives the exact softmax one tile at a time,
 #   and partial results merge through their log-sum-exp.
 # - FlashAttention-2 keeps $q, k, v, O, L$, recomputes $P$ in the backward, and skips causal tiles
-#   above the diagonal; it does more FLOPs and moves far fewer bytes.
+#   above the diagonal; it moves far fewer bytes, and does more FLOPs than naive only without a
+#   mask.
 # - A causal kernel's tiles are skipped (never loaded), full, or on the diagonal (computed whole,
 #   then masked): the diagonal tiles are all its work beyond the exact triangle.

@@ -250,3 +250,15 @@ def test_progress_bars_follow_the_switch(monkeypatch):
     monkeypatch.setenv("MLSYS_PROGRESS", "1")
     wrapped = bench.progress(items, desc="x")
     assert wrapped is not items and list(wrapped) == items
+
+
+@pytest.mark.parametrize("device", ["cuda", "mps"])
+def test_a_device_the_machine_lacks_is_refused_before_running(monkeypatch, device):
+    monkeypatch.setattr(bench.env, "device", lambda: "cpu")  # a machine with neither
+    calls = []
+    message = f"device='{device}', but torch finds no {device} device on this machine"
+    with pytest.raises(ValueError, match=message):
+        bench.benchmark(lambda: calls.append(1), device=device)
+    with pytest.raises(ValueError, match=message):
+        bench.benchmark_interleaved({"a": lambda: calls.append(1)}, device=device)
+    assert calls == []

@@ -166,6 +166,15 @@ def test_num_formats_significant_digits_without_exponents_in_the_middle():
         book.num(1.0, 0)
 
 
+def test_num_refuses_what_is_not_a_number():
+    for bad in ("abc", "1.5", True, None, [1.0]):
+        with pytest.raises(TypeError, match=r"x must be a real number, got .* \("):
+            book.num(bad)
+    with pytest.raises(TypeError, match="digits must be an integer"):
+        book.num(1.0, 2.5)
+    assert (book.num(7), book.num(float("inf")), book.num(float("nan"))) == ("7", "inf", "nan")
+
+
 def test_code_cells_are_found_where_pages_execute_code():
     assert _code_cells(ROOT / "book" / "hardware.md"), "the code-cell parser found nothing"
     assert not _code_cells(ROOT / "book" / "bibliography.md")

@@ -2,6 +2,7 @@
 each table has and lacks, the arithmetic behind their claims, the models they name)."""
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
@@ -87,3 +88,19 @@ def test_every_table_says_where_it_comes_from():
     sources = [v for k, v in vars(tp).items() if k.startswith("SOURCE_")]
     assert len(sources) == 7
     assert all("CS336 (2025) assignment 2" in s and "seed document 003" in s for s in sources)
+
+
+def test_published_utilizations_are_fractions_with_a_cited_source():
+    bib = (Path(__file__).resolve().parents[1] / "book" / "references.bib").read_text("utf-8")
+    for r in tp.PUBLISHED_MFU:
+        assert r.mfu is not None or r.hfu is not None, r.run
+        for u in (r.mfu, r.hfu):
+            assert u is None or 0.1 < u < 0.7, r.run
+        if r.mfu is not None and r.hfu is not None:
+            assert r.hfu > r.mfu  # recomputation only adds executed FLOPs
+        key = r.source.split(",")[0]
+        assert f"{{{key}," in bib, key  # every row cites a paper of the bibliography
+    palm = next(r for r in tp.PUBLISHED_MFU if r.run == "PaLM 540B")
+    assert (palm.chips, palm.mfu, palm.hfu) == (6144, 0.462, 0.578)  # Chowdhery et al., Table 3
+    llama = [r.mfu for r in tp.PUBLISHED_MFU if r.run.startswith("Llama 3")]
+    assert llama == [0.43, 0.41, 0.38]  # Dubey et al. 2024, Table 4: 38-43%

@@ -136,6 +136,9 @@ def _check_timing_arguments(warmup: object, repeats: object, device: str | None)
     checks.positive_int(repeats, "repeats")
     device = env.device() if device is None else device
     checks.choice(device, "device", ("cuda", "mps", "cpu"))
+    if device not in ("cpu", env.device()):  # env.device() is the best one present
+        raise ValueError(f"device={device!r}, but torch finds no {device} device on this "
+                         f"machine; pass device=None for the one it has ({env.device()!r})")
     return device
 
 

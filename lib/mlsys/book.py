@@ -90,9 +90,15 @@ def verdict(text: str, problems: list[str] | tuple[str, ...]) -> str:
 def num(x: float, digits: int = 3) -> str:
     """`x` to `digits` significant digits, with thousands separators instead of an exponent
     between 10**digits and 1e15: num(0.012345) = "0.0123", num(4.5678) = "4.57",
-    num(123456) = "123,456"."""
-    if digits < 1:
-        raise ValueError(f"digits must be at least 1, got {digits}")
+    num(123456) = "123,456". `x`: a real number (a NumPy or 0-d torch scalar too; NaN and inf
+    print as "nan", "inf"); strings and bools are refused."""
+    digits = checks.positive_int(digits, "digits")
+    if isinstance(x, (str, bytes, bool)):
+        raise TypeError(f"x must be a real number, got {x!r} ({type(x).__name__})")
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        raise TypeError(f"x must be a real number, got {x!r} ({type(x).__name__})") from None
     if 10**digits <= abs(x) < 1e15:
         return f"{x:,.0f}"
     return f"{x:.{digits}g}"

@@ -16,9 +16,10 @@ preset (claims, which the book checks) and the peaks their memory profiles showe
 `CS336_STUDENT_COMPILE`: their compiled-vs-eager timings of the 2.7B preset.
 `CS336_STUDENT_ATTENTION`: their naive-attention sweep (time and memory by head dim and length).
 `CS336_STUDENT_ALLREDUCE` and `CS336_STUDENT_DDP_XL`: their NCCL all-reduce table and DDP step
-breakdowns of the xl preset on 2 GPUs (chapter 08).
+breakdowns of the xl preset on 2 GPUs (chapter 08). `PUBLISHED_MFU`: the utilizations large
+training runs reported (PaLM, Megatron-LM, Llama 3), each with its paper (chapter 03).
 A little over 300 lines: it is a data table, each measurement with its source, not logic.
-Used in: §sec-benchmarking, §sec-data-parallel.
+Used in: §sec-flops, §sec-benchmarking, §sec-data-parallel.
 """
 
 from __future__ import annotations
@@ -312,3 +313,49 @@ CS336_STUDENT_AMP: tuple[ThirdPartyAmp, ...] = tuple(ThirdPartyAmp(*row) for row
 ))
 """Their tables row for row; their reading of them: "the autocast to the BF16 costs a fixed
 time", which `experiments.autocast_overhead.seed_verdict` checks against their own numbers."""
+
+
+@dataclass(frozen=True)
+class PublishedMFU:
+    """One training run's utilization as its authors (or, where marked, PaLM's authors) reported
+    it: a fraction of the accelerators' dense peak; None where not reported."""
+
+    run: str
+    accelerator: str
+    chips: int | None  # None: not stated for the figure
+    mfu: float | None  # model FLOPs utilization: the model's FLOPs only
+    hfu: float | None  # hardware FLOPs utilization: recomputed forwards counted too
+    note: str
+    source: str  # the bibliography key of book/references.bib, and where in it
+
+
+PUBLISHED_MFU: tuple[PublishedMFU, ...] = (
+    PublishedMFU("GPT-3 175B", "V100", None, 0.213, None,
+                 "as PaLM's authors estimate it", "chowdhery2022palm, Table 3"),
+    PublishedMFU("Gopher 280B", "TPU v3", 4096, 0.325, None,
+                 "as PaLM's authors estimate it", "chowdhery2022palm, Table 3"),
+    PublishedMFU("Megatron-Turing NLG 530B", "A100", 2240, 0.302, None,
+                 "as PaLM's authors estimate it", "chowdhery2022palm, Table 3"),
+    PublishedMFU("PaLM 540B", "TPU v4", 6144, 0.462, 0.578,
+                 "2,048-token sequences; HFU counts the rematerialized forward",
+                 "chowdhery2022palm, Table 3 and Section 4"),
+    PublishedMFU("Megatron-LM GPT 1T", "A100", 3072, None, 0.52,
+                 "163 TFLOP/s per GPU, full recomputation counted",
+                 "narayanan2021efficient, abstract and Table 1"),
+    PublishedMFU("Megatron-LM GPT 530B", "A100", 2240, 0.421, None,
+                 "full activation recomputation", "korthikanti2022reducing, abstract"),
+    PublishedMFU("Megatron-LM GPT 530B", "A100", 2240, 0.542, None,
+                 "sequence parallelism and selective recomputation",
+                 "korthikanti2022reducing, abstract"),
+    PublishedMFU("Llama 3 405B", "H100", 8192, 0.43, None,
+                 "8,192-token sequences, 430 TFLOP/s per GPU", "dubey2024llama3, Table 4"),
+    PublishedMFU("Llama 3 405B", "H100", 16384, 0.41, None,
+                 "8,192-token sequences, 400 TFLOP/s per GPU", "dubey2024llama3, Table 4"),
+    PublishedMFU("Llama 3 405B", "H100", 16384, 0.38, None,
+                 "131,072-token sequences (context parallel), 380 TFLOP/s per GPU",
+                 "dubey2024llama3, Table 4"),
+)
+"""Published utilizations of large training runs, bf16 (or fp16) against the dense peak. Their
+FLOP counts differ in detail: PaLM and Megatron-LM count the attention matmuls over the full
+T x T matrix (12 L T D per token, the book's dense convention, `accounting.flops`); Megatron-LM's
+2021 figure counts the recomputed forward (an HFU); Llama 3's paper does not give its formula."""

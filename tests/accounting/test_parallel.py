@@ -123,3 +123,22 @@ def test_xxl_part_b_fsdp_shards_to_fit_a_v5p():
         assert (mem.total <= hbm) is fits
     with pytest.raises(ValueError, match="no number of shards fits"):
         parallel.min_shards_to_fit(hbm, states, 2 * hbm, activation_shard_fraction=0.5)
+
+
+def test_device_memory_refuses_an_impossible_mesh_before_counting():
+    small = TransformerConfig.preset("small")  # 12 heads, d_ff 3072, 12 blocks
+    kw = {"micro_batch": 1, "seq": 1024}
+    with pytest.raises(ValueError, match=r"^n_heads \(12\) is not divisible by tp \(5\)$"):
+        parallel.device_memory(small, parallel.ParallelDims(tp=5), **kw)
+    with pytest.raises(ValueError, match=r"^d_ff \(24\) is not divisible by tp \(5\)$"):
+        parallel.device_memory(parallel.model_shape(parallel.FeedForwardStack(8, 24, 2)),
+                               parallel.ParallelDims(tp=5), **kw)  # a ModelShape, checked too
+    with pytest.raises(ValueError, match=r"pp \(13\) must be <= n_layers \(12\)"):
+        parallel.device_memory(small, parallel.ParallelDims(pp=13), **kw)
+    with pytest.raises(ValueError, match=r"^seq \(1024\) is not divisible by cp \(3\)$"):
+        parallel.device_memory(small, parallel.ParallelDims(cp=3), **kw)
+    with pytest.raises(TypeError, match="dims must be a ParallelDims, got dict"):
+        parallel.device_memory(small, {"tp": 4}, **kw)
+    with pytest.raises(ValueError, match="gathered_units must be an integer >= 0, got -1"):
+        parallel.device_memory(small, parallel.ParallelDims(dp_shard=2), gathered_units=-1, **kw)
+    assert parallel.device_memory(small, parallel.ParallelDims(tp=4), **kw).total > 0

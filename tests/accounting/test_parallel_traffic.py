@@ -48,3 +48,12 @@ def test_communication_time_takes_the_slowest_link_each_group_crosses():
     assert times["cp"] == times["pp"] == 0.0
     with pytest.raises(TypeError, match="cluster must be a hardware.Cluster"):
         parallel_traffic.comm_time_s(small, dims, "dgx-h100", 0, **kw)
+
+
+def test_a_stage_outside_the_pipeline_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"^stage \(3\) must be < n_stages \(3\): stages are "
+                                         "numbered from 0$"):
+        parallel_traffic.pp_sent_bytes(3, 3, activation_bytes=10)
+    with pytest.raises(ValueError, match="stage must be an integer >= 0, got -1"):
+        parallel_traffic.pp_sent_bytes(-1, 3, activation_bytes=10)
+    assert parallel_traffic.pp_sent_bytes(2, 3, activation_bytes=10) == 10  # the last: back only

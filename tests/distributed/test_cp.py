@@ -120,6 +120,16 @@ def test_zigzag_balances_the_causal_work():
         assert zigzag[0] == pytest.approx(n / 2 * block, rel=0.01)
 
 
+def test_a_rank_outside_the_group_is_a_clear_error():
+    for layout in cp.LAYOUTS:  # zig-zag would return chunks 4 and 3 of 8: another rank's
+        with pytest.raises(ValueError, match=r"^rank \(4\) must be < n_ranks \(4\): ranks are "
+                                             "numbered from 0$"):
+            cp.positions(16, 4, rank=4, layout=layout)
+    with pytest.raises(ValueError, match="rank must be an integer >= 0, got -1"):
+        cp.positions(16, 4, rank=-1)
+    assert cp.positions(16, 4, rank=3).tolist() == [6, 7, 8, 9]  # the last rank: chunks 3 and 4
+
+
 def test_bad_arguments_are_clear_errors(results):
     positions, divisible, length = results[0]["misuse"]
     assert "all_positions must hold one tensor per rank" in positions

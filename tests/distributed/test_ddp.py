@@ -126,6 +126,9 @@ def test_a_forgotten_finish_is_a_clear_error(job):
     (lambda: ddp.NaiveDDP("model", None), TypeError, "module must be a torch.nn.Module"),
     (lambda: ddp.NaiveDDP(mlp(), None), RuntimeError, "torch.distributed is not initialized"),
     (lambda: ddp.apply_ddp(mlp(), "fast", group=None), ValueError, "variant='fast' is not one of"),
+    (lambda: ddp.apply_ddp(mlp(), "naive", group="world"), TypeError,
+     r"group must be a torch.distributed.ProcessGroup \(e.g. Rank.group or a mesh axis\), got "
+     "str 'world'"),
     (lambda: ddp.BucketedDDP(mlp(), None, bucket_size_mb=0), ValueError,
      "bucket_size_mb must be > 0"),
 ])

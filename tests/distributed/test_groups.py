@@ -34,9 +34,19 @@ def test_a_group_is_required_and_must_be_initialized(one_rank):
 def test_no_process_group_is_a_clear_error():
     assert not dist.is_initialized()
     with pytest.raises(RuntimeError, match="not initialized"):
-        check_group(object())
+        check_group(None)
     with pytest.raises(RuntimeError, match="not initialized"):
         check_initialized()
+
+
+def test_what_is_not_a_group_is_named_even_outside_a_launch():
+    assert not dist.is_initialized()
+    with pytest.raises(TypeError, match=r"^group must be a torch.distributed.ProcessGroup \(e.g. "
+                                        r"Rank.group or a mesh axis\), got str 'world'$"):
+        check_group("world")
+    with pytest.raises(TypeError, match=r"pp_group must be .* got list \[0, 1, 2, 3, 4, 5, 6, 7, "
+                                        r"8, 9, 10, 11\.\.\.$"):
+        check_group(list(range(100)), "pp_group")
 
 
 def test_blocks_are_required():

@@ -34,6 +34,11 @@ def test_run_returns_every_ranks_value_and_leaves_nothing():
      r"world_size \(\d+\) is more ranks than this CPU can run: at most 4 per core"),
     (lambda: launch.run(lambda rank: 1, 2), TypeError, "must be picklable"),
     (lambda: launch.run("whoami", 2), TypeError, "fn must be a callable"),
+    (lambda: launch.run(whoami, 2, args=5), TypeError,
+     r"args must be a tuple \(or list\) of arguments, such as args=\(x,\), got int"),
+    (lambda: launch.run(whoami, 2, args="ab"), TypeError, "args must be a tuple .* got str"),
+    (lambda: launch.run(whoami, 2, args=(0,), kwargs=[1]), TypeError,
+     "kwargs must be a dict or None, got list"),
 ])
 def test_bad_arguments_fail_before_anything_starts(call, error, message):
     with pytest.raises(error, match=message):

@@ -1,6 +1,7 @@
 """mlsys.distributed.launch_job, the launching process's side of a launch: one launch serves many
 calls; a rank that raises, hangs (in a collective, or alone past the call's deadline) or dies, and
-a taken port, each give a clear error within seconds and leave no process behind; every launch
+a taken port, each give a clear error within seconds and leave no process behind; a rank that
+dies is named first, before the peer whose collective then breaks; every launch
 gets its own free port; a start that cannot finish in time raises within its timeout and leaves
 nothing, even while a new fork server is still importing torch (tests/launch_victim.py, in a
 process of its own).
@@ -10,6 +11,7 @@ Rank functions live at module level (the ranks import them: here and in launch_c
 
 import os
 import socket
+import subprocess
 import threading
 import time
 
@@ -28,7 +30,7 @@ from launch_cases import (
 )
 
 from mlsys.distributed import launch
-from mlsys.distributed.launch_job import LaunchError, RankFailed
+from mlsys.distributed.launch_job import DEATH_LAG_S, LaunchError, RankFailed, death_time
 
 COLD_TIMEOUT_S = 0.5  # a start cannot finish in this while a new fork server imports torch
 RAISE_GRACE_S = 1.0  # how far past its timeout a start may raise
@@ -62,6 +64,28 @@ def dies(rank):
     if rank.rank == 1:
         os._exit(3)
     time.sleep(3_600)
+
+
+def killed_mid_collective(rank, launcher=None):
+    """Rank 1 dies by SIGKILL; rank 0 then meets the broken all_reduce and reports it. With a
+    `launcher` pid, rank 1 first stops the launching process (SIGSTOP) and rank 0 wakes it
+    (SIGCONT) only after its report is sent: the launching process finds both at one look, as
+    on a busy machine where it looks late."""
+    import signal
+    import threading
+
+    import torch
+    import torch.distributed as dist
+
+    if rank.rank == 1:
+        if launcher is not None:
+            os.kill(launcher, signal.SIGSTOP)
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        dist.all_reduce(torch.ones(4), group=rank.group)
+    finally:
+        if launcher is not None:  # from a thread: rank 0's report goes out first
+            threading.Timer(0.3, os.kill, args=(launcher, signal.SIGCONT)).start()
 
 
 def test_one_launch_serves_many_calls():
@@ -109,6 +133,39 @@ def test_a_rank_that_hangs_alone_runs_into_the_calls_deadline():
     assert "still running after the deadline of hangs_alone" in info.value.failures[0]
     assert 1 not in info.value.failures  # rank 1 returned in time
     assert gone(pids)
+
+
+@pytest.mark.timeout(90)
+def test_a_rank_that_dies_is_named_before_the_peer_that_then_fails():
+    """The headline names the rank that died, not the survivor whose collective broke after it,
+    also when the launching process sees both at one look (it was stopped meanwhile)."""
+    backstop = subprocess.Popen(["sh", "-c", f"sleep 60; kill -CONT {os.getpid()}"])
+    try:
+        for launcher in (None, None, os.getpid()):
+            with launch.start(2, **FAST) as job:
+                with pytest.raises(RankFailed, match="rank 1 failed first") as info:
+                    job.run(killed_mid_collective, args=(launcher,))
+                pids = job.pids
+            text = str(info.value)
+            assert "killed by signal SIGKILL" in info.value.failures[1]
+            assert "all_reduce" in info.value.failures[0]  # rank 0's traceback: it reported
+            assert text.index("--- rank 1 ---") < text.index("--- rank 0 ---")
+            assert gone(pids)
+    finally:
+        backstop.kill()
+        backstop.wait()
+
+
+def test_a_death_counts_from_before_the_last_look_that_missed_it():
+    """A peer's report can reach the launching process up to 25 ms (measured) before the dead
+    rank's end of file: the death is put before reports raised after the last clear look, less
+    DEATH_LAG_S, and after reports raised well before it."""
+    last_clear = 1_000.0  # the launching process's last look that did not see the death
+    died = death_time(last_clear)
+    assert died == last_clear - DEATH_LAG_S < last_clear - 0.025
+    peer_report = last_clear + 0.004  # raised on meeting the broken collective, seen first
+    unrelated = last_clear - 2 * DEATH_LAG_S  # raised well before: not caused by the death
+    assert sorted([peer_report, died, unrelated]) == [unrelated, died, peer_report]
 
 
 def test_a_rank_that_dies_without_a_word():

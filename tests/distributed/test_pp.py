@@ -105,3 +105,17 @@ def test_bad_arguments_are_clear_errors(results):
     with pytest.raises(RuntimeError, match="torch.distributed is not initialized"):  # no group
         torch_strategies.torch_pipeline_step(pp.PipelineStage(SETUP.model(), 0, 2, None),
                                              tokens, tokens, microbatches=1)
+
+
+def test_a_stage_outside_the_pipeline_is_a_clear_error():
+    model = SETUP.model()
+    with pytest.raises(ValueError, match=r"^stage \(1\) must be < n_stages \(1\): stages are "
+                                         "numbered from 0$"):
+        pp.PipelineStage(model, stage=1, n_stages=1, group=None)
+    with pytest.raises(ValueError, match="stage must be an integer >= 0, got -1"):
+        pp.PipelineStage(model, stage=-1, n_stages=2, group=None)
+    with pytest.raises(TypeError, match="stage must be an integer, got 1.0"):
+        pp.PipelineStage(model, stage=1.0, n_stages=2, group=None)
+    with pytest.raises(TypeError, match="group must be a torch.distributed.ProcessGroup"):
+        pp.PipelineStage(model, stage=0, n_stages=2, group="pp")
+    assert pp.PipelineStage(model, stage=1, n_stages=2, group=None).first_block == 2

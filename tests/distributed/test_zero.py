@@ -12,6 +12,7 @@ import copy
 
 import pytest
 import torch
+import torch.distributed as dist
 from data_parallel_cases import (
     PER_RANK,
     STEPS,
@@ -172,3 +173,37 @@ def test_stages_one_and_two_send_what_data_parallelism_sends(zero_results):
 def test_bad_arguments_fail_before_any_communication(call, error, message):
     with pytest.raises(error, match=message):
         call()
+
+
+def test_a_parameter_passed_twice_is_an_error_naming_it():
+    """torch only warns of a duplicate inside a group; ZeRO would own, update and broadcast it
+    twice. Refused before the group is looked at (none here)."""
+    model = mlp()
+    a, b = list(model.parameters())[:2]
+    for params, message in [
+        ([a, b, a], r"params\[2\], of shape \(9, 5\), is the same parameter as params\[0\]"),
+        ([{"params": [a]}, {"params": [b, a]}],
+         r"params\[1\]\['params'\]\[1\], .* same parameter as params\[0\]\['params'\]\[0\]"),
+        (list(model.named_parameters()) + [("again", a)],
+         r"params\[6\] \('again'\), .* same parameter as params\[0\] \('0.weight'\)"),
+    ]:
+        with pytest.raises(ValueError, match=message + ": each parameter must be passed once"):
+            zero.ShardedOptimizer(params, torch.optim.AdamW, group=None)
+
+
+def test_a_parameter_added_twice_later_is_an_error_naming_it():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = mlp()
+        a, b = list(model.parameters())[:2]
+        opt = zero.ShardedOptimizer([a], torch.optim.AdamW, group=dist.group.WORLD)
+        with pytest.raises(ValueError, match=r"param_group\['params'\]\[1\], of shape "
+                                             r"\(9, 5\), is the same parameter as a parameter "
+                                             r"of param_groups\[0\]"):
+            opt.add_param_group({"params": [b, a]})
+        with pytest.raises(ValueError, match=r"param_group\['params'\]\[1\], .* same "
+                                             r"parameter as param_group\['params'\]\[0\]"):
+            opt.add_param_group({"params": [b, b]})
+        assert len(opt.param_groups) == 1 and opt.owned_numel == a.numel()
+    finally:
+        dist.destroy_process_group()

@@ -86,3 +86,24 @@ def test_an_existing_record_is_replaced_only_with_force(tmp_path, capsys):
             f"python -m mlsys.experiments --smoke {' '.join(names)} --out {tmp_path} --force")
     with pytest.raises(FileExistsError, match="pass --force"):
         experiments.write(json.loads(paths[0].read_text()), tmp_path)
+
+
+@pytest.mark.parametrize("where", ["a file", "under a file", "read-only"])
+def test_an_out_that_cannot_hold_records_is_refused_before_anything_runs(where, tmp_path,
+                                                                         monkeypatch, capsys):
+    if where == "read-only" and os.geteuid() == 0:
+        pytest.skip("root writes into a read-only directory")
+    monkeypatch.setattr(experiments, "run_record", lambda *a: pytest.fail("ran an experiment"))
+    blocker = tmp_path / "records"
+    if where == "read-only":
+        blocker.mkdir(mode=0o500)
+        out, why = blocker / "new", "records cannot be written there (Permission denied)"
+    else:
+        blocker.write_text("not a directory")
+        out = blocker if where == "a file" else blocker / "sub"
+        why = f"{blocker} is not a directory"
+    with pytest.raises(SystemExit):
+        cli.main(["--smoke", "dot_accumulation", "--out", str(out)])
+    assert f"--out {out}: {why}; pass a directory this process can write" in \
+        capsys.readouterr().err
+    assert not out.exists() or where == "a file"

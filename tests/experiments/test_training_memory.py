@@ -105,3 +105,38 @@ def test_sizes_and_devices_are_checked():
         training_memory.Sizes("debug", 2, 16, steps=1)
     with pytest.raises(ValueError, match="device"):
         training_memory.run(training_memory.SIZES["smoke"], device="mps")
+
+
+def test_the_first_block_saves_the_closed_form(rows):
+    # one block: (6 N D + 4 N F + B H T^2) b + 16 N D + 8 N + T^2 bytes (chapter 02's derivation;
+    # the tensors `accounting.activations` lists), measured by the saved-tensor hooks
+    s = training_memory.SIZES["smoke"]
+    cfg = TransformerConfig.preset(s.preset)
+    n, d, f, h, t = s.batch * s.seq, cfg.d_model, cfg.d_ff, cfg.n_heads, s.seq
+    for run, b in (("fp32 AdamW", 4), ("pure bf16 AdamW", 2)):
+        measured = training_memory.runs(rows)[run]["block_saved_bytes"]
+        assert len(measured) == s.steps
+        assert set(measured) == {(6 * n * d + 4 * n * f + s.batch * h * t * t) * b
+                                 + 16 * n * d + 8 * n + t * t}
+
+
+def test_recipe_needs_add_states_and_activations():
+    cfg = TransformerConfig.preset("small")
+    needs = training_memory.recipe_needs(cfg, 2, 64, 8)
+    assert list(needs) == list(memory.RECIPES)
+    fp32, pure = needs["fp32_adamw"], needs["bf16_pure_adamw"]
+    assert fp32["states"] == memory.model_state_bytes(count_params(cfg), "fp32_adamw")
+    assert fp32["activations"] > pure["activations"] > 0  # fp32 against bf16 activations
+    assert fp32["sharded"] == fp32["states"] / 8 + fp32["activations"]
+    table = training_memory.needs_table(needs, hbm_bytes=fp32["sharded"])
+    fp32_row = table.rows[0]
+    assert fp32_row[-2].endswith(" ✗") and not fp32_row[-1].endswith(" ✗")  # equal fits
+    with pytest.raises(ValueError, match="n_devices must be a positive integer"):
+        training_memory.recipe_needs(cfg, 2, 64, 0)
+
+
+def test_the_recipe_sentences():
+    words = training_memory.mixed_answers(8, 80e9)
+    assert words.startswith("bf16_mixed_adamw (16 B/param) gives the same answer")
+    assert "bf16_pure_adamw (8 B/param) gives 2.00x the answer (80.0 billion)" in words
+    assert "bf16_mixed_adamw dashed on fp32_adamw" in training_memory.shared_lines()

@@ -178,3 +178,14 @@ def test_gpu_autotuned_and_bf16(dtype):
                         blocks=None, strided=seed % 2 == 1, seed=seed)
             check_case(lambda q, k, v, c: FA.flash_attention(q.cuda(), k.cuda(), v.cuda(),
                                                              c["causal"]), case)
+
+
+def test_the_backward_checks_o_l_and_do_before_launching():
+    """`_flash_backward` (what autograd calls) refuses a wrong L or dO before any kernel runs,
+    so this needs no Triton: a wrong shape would otherwise be read out of bounds."""
+    q = k = v = torch.ones(1, 2, 4, 16)
+    out, lse = torch.ones(1, 2, 4, 16), torch.ones(1, 2, 4)
+    with pytest.raises(ValueError, match=r"lse must have shape \(1, 2, 4\).*got \(1, 2\)"):
+        FA._flash_backward(q, k, v, out, lse[..., 0], torch.ones_like(out), False)
+    with pytest.raises(ValueError, match=r"grad_out must have shape \(1, 2, 4, 16\)"):
+        FA._flash_backward(q, k, v, out, lse, torch.ones(1, 2, 4, 8), False)

@@ -42,3 +42,10 @@ def test_tile_pruning_by_shared_memory_and_the_compile_report(monkeypatch):
     assert pruned == keep_tiles(tile_configs("fwd"), "fwd", 128, "fp16", "sm_90", 232_448)
     if INTERPRETED:  # the autotuner cannot run in the interpreter: fixed tiles instead
         assert FA._flash_fwd_kernel.tuned is None and FA._flash_bwd_dq_kernel.tuned is None
+
+
+def test_an_unknown_kernel_or_a_negative_tile_is_refused():
+    with pytest.raises(ValueError, match="kernel='bogus' is not one of 'fwd', 'dkdv', 'dq'"):
+        tile_smem_bytes("bogus", 64, 64, 64, 2, 2)
+    with pytest.raises(ValueError, match="block_m must be a positive integer, got -64"):
+        tile_smem_bytes("fwd", -64, 64, 64, 2, 2)

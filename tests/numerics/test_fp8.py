@@ -78,6 +78,9 @@ def test_fp8_linear_forward_and_gradients_against_fp32():
     (lambda: fp8.quantize(torch.ones(2), "bf16", 1.0), ValueError, "not an fp8 format"),
     (lambda: fp8.quantize(torch.ones(2), "fp8_e4m3", 0.0), ValueError, "scale must be > 0"),
     (lambda: fp8.dequantize(torch.ones(2), 1.0), TypeError, "fp8 tensor"),
+    (lambda: fp8.dequantize(torch.ones(2, dtype=torch.uint8), 1.0), TypeError,
+     r"q must be an fp8 tensor \(torch.float8_e4m3fn or torch.float8_e5m2, from quantize\), "
+     "got torch.uint8"),
     (lambda: fp8.fp8_mm(torch.ones(2, 3), 1.0, torch.ones(2, 3), 1.0), ValueError, r"\(m, k\)"),
     (lambda: fp8.Fp8Linear(torch.ones(3)), ValueError, "2-D"),
     (lambda: fp8.Fp8Linear(torch.ones(2, 3), scaling="tensor"), ValueError, "scaling='tensor'"),

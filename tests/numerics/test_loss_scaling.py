@@ -48,6 +48,8 @@ def test_unscale_divides_in_place_and_reports_inf_and_nan():
     (lambda: DynamicLossScaler(growth_factor=1.0), ValueError, "growth_factor must be > 1"),
     (lambda: DynamicLossScaler(backoff_factor=1.0), ValueError, "backoff_factor must be < 1"),
     (lambda: DynamicLossScaler(growth_interval=0), ValueError, "growth_interval must be a posit"),
+    (lambda: DynamicLossScaler(min_scale=0.0), ValueError, "min_scale must be > 0"),
+    (lambda: DynamicLossScaler(0.5), ValueError, "init_scale must be >= min_scale = 1, got 0.5"),
     (lambda: DynamicLossScaler().scale_loss(torch.ones(2)), TypeError, "loss must be a 0-d"),
     (lambda: DynamicLossScaler().unscale_([torch.ones(2, dtype=torch.int64)]), TypeError,
      "floating-point"),
@@ -67,3 +69,21 @@ def test_underflow_counts_flushed_subnormal_and_overflowed_entries():
     scaled = underflow(ref, (ref * 2.0**10).to(torch.float16), "fp16", scale=2.0**10)
     assert scaled.flushed == 0.0 and scaled.overflowed == 0.25  # 1e5 * 1024 overflows
     assert scaled.median_rel_error < u.median_rel_error
+
+
+def test_the_scale_stops_at_its_floor_and_says_so():
+    """1,200 overflows in a row: GradScaler's rules would halve 2^16 to 0.0 (after 1,091 in a
+    Python float); ours stop at min_scale, record it, and warn once."""
+    s = DynamicLossScaler()
+    with pytest.warns(RuntimeWarning, match="step 17 overflowed at min_scale = 1; skipped") as w:
+        actions = [s.update(False) for _ in range(1_200)]
+    assert len(w) == 1 and s.scale == 1.0 and s.skipped == 1_200
+    assert actions[:16] == ["skip and back off"] * 16  # 2^16 -> 2^0 in 16 halvings
+    assert set(actions[16:]) == {"skip at min_scale"}
+    assert [e.scale for e in s.history[15:18]] == [2.0, 1.0, 1.0]
+    assert s.update(True) == "keep" and s.scale == 1.0  # finite again: it grows from the floor
+    low = DynamicLossScaler(min_scale=2.0**-20)
+    with pytest.warns(RuntimeWarning, match="step 37 overflowed at min_scale = 9.53674e-07"):
+        for _ in range(40):
+            low.update(False)
+    assert low.scale == 2.0**-20  # a floor of one's own choosing

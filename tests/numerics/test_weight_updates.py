@@ -85,6 +85,14 @@ def test_no_rounding_is_adamw():
      "needs generator"),
     (lambda: RoundedAdamW([torch.nn.Parameter(torch.ones(1))], lr=-1.0), ValueError,
      "lr must be > 0"),
+    (lambda: RoundedAdamW([torch.nn.Parameter(torch.ones(1))], betas=(1, 1)), ValueError,
+     r"betas\[0\] must be in \[0, 1\) \(as torch.optim.AdamW requires"),
+    (lambda: RoundedAdamW([torch.nn.Parameter(torch.ones(1))], betas=(0.9, 1.0)), ValueError,
+     r"betas\[1\] must be in \[0, 1\)"),
+    (lambda: RoundedAdamW([torch.nn.Parameter(torch.ones(1))], betas=0.9), TypeError,
+     r"betas must be a pair \(beta1, beta2\)"),
+    (lambda: RoundedAdamW([torch.nn.Parameter(torch.ones(1, dtype=torch.float16))]), TypeError,
+     r"params\[0\] is torch.float16: RoundedAdamW stores bf16"),
     (lambda: stochastic_round_bf16(torch.ones(2, dtype=torch.float64),
                                    generator=torch.Generator()), TypeError, "float32 tensor"),
     (lambda: stochastic_round_bf16(torch.ones(2), generator=0), TypeError, "torch.Generator"),
@@ -93,3 +101,23 @@ def test_no_rounding_is_adamw():
 def test_invalid_arguments_are_refused(call, error, message):
     with pytest.raises(error, match=message):
         call()
+
+
+def test_a_beta_of_one_is_refused_because_it_divides_zero_by_zero():
+    """torch.optim.AdamW refuses beta = 1 too; what it would do: 1 - beta^t = 0 in the bias
+    correction, 0 / 0 on the first step, NaN weights."""
+    p = torch.nn.Parameter(torch.ones(3))
+    with pytest.raises(ValueError, match="Invalid beta parameter at index 0"):
+        torch.optim.AdamW([p], betas=(1.0, 0.999))
+    m, beta = torch.zeros(3).lerp_(torch.ones(3), 1 - 1.0), 1.0  # the first moment stays 0
+    assert torch.isnan(m / (1 - beta**1)).all()
+
+
+def test_only_bf16_and_fp32_parameters_are_taken_in_every_group():
+    bf16, fp32 = (torch.nn.Parameter(torch.ones(2, dtype=d)) for d in (torch.bfloat16,
+                                                                        torch.float32))
+    opt = RoundedAdamW((p for p in (bf16, fp32)), lr=1e-3)  # a generator is read once: kept
+    assert opt.param_groups[0]["params"] == [bf16, fp32]
+    with pytest.raises(TypeError, match=r"params\[1\] is torch.float16"):
+        opt.add_param_group({"params": [fp32.detach().bfloat16(), torch.ones(2).half()]})
+    assert len(opt.param_groups) == 1  # nothing was added

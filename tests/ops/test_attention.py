@@ -86,7 +86,23 @@ def test_rows_that_attend_nothing_give_zero_and_minus_inf_and_no_gradient():
         (lambda: attention(torch.ones(2, 4), torch.ones(3, 4), torch.ones(3, 4), is_causal=1),
          TypeError, "is_causal must be True or False"),
         (lambda: attention(torch.ones(2, 4), torch.ones(3, 4), torch.ones(3, 4), scale=-1.0),
-         ValueError, "scale must be a positive number"),
+         ValueError, "scale must be a finite positive number"),
+        (lambda: attention(torch.ones(2, 4), torch.ones(3, 4), torch.ones(3, 4),
+                           scale=float("inf")), ValueError,
+         r"scale must be a finite positive number or None \(1/sqrt\(d\)\), got inf"),
+        (lambda: attention(torch.ones(2, 5, 4), torch.ones(3, 6, 4), torch.ones(3, 6, 4)),
+         ValueError, r"the batch dims \(all but the last two\) must broadcast together"),
+        (lambda: causal_mask(-1, 3), ValueError, "n_q must be an integer >= 0, got -1"),
+        (lambda: naive_attention(torch.ones(4), torch.ones(4), torch.ones(4)), ValueError,
+         r"q must have shape \(..., seq, d\), got \(4,\)"),
+        (lambda: naive_attention(torch.ones(1, 3, 4), torch.ones(1, 3, 6), torch.ones(1, 3, 6)),
+         ValueError, "q and k need the same last dim d"),
+        (lambda: naive_attention(*(torch.ones(1, 3, 4, dtype=torch.int64),) * 3), TypeError,
+         "q must be a floating-point tensor, got dtype torch.int64"),
+        (lambda: naive_attention(torch.ones(1, 3, 4), torch.ones(1, 3, 4).double(),
+                                 torch.ones(1, 3, 4)), TypeError, "must share one dtype"),
+        (lambda: naive_attention(torch.ones(1, 5, 4), torch.ones(1, 3, 4), torch.ones(1, 3, 4),
+                                 is_causal=True), ValueError, "is_causal=True needs n_q <= n_k"),
     ],
 )
 def test_bad_arguments_are_refused(call, error, message):
@@ -100,6 +116,9 @@ def test_naive_attention_is_the_reference_and_checks_its_flag():
     for causal in (False, True):
         torch.testing.assert_close(naive_attention(q, k, v, is_causal=causal),
                                    attention(q, k, v, is_causal=causal))
+        # fewer queries than keys (the last ones, as when decoding): the same bottom-right rule
+        torch.testing.assert_close(naive_attention(q[..., 12:, :], k, v, is_causal=causal),
+                                   attention(q[..., 12:, :], k, v, is_causal=causal))
     with pytest.raises(TypeError, match="is_causal"):
         naive_attention(q, k, v, is_causal="yes")
 
@@ -118,3 +137,16 @@ def test_max_error_finds_a_wrong_implementation():
                      generator=gen) > 1e-3
     with pytest.raises(TypeError, match="fn must be callable"):
         max_error(3, shapes, dtype=torch.float64, causal=False, generator=gen)
+
+
+def test_no_keys_at_all_is_the_documented_empty_row():
+    """n_k = 0: every query attends nothing, so the module's rule gives O = 0 and L = -inf (the
+    max of an empty row would be an error; no row max is taken)."""
+    q = _randn(2, 3, 5, 8).requires_grad_()
+    k, v = _randn(2, 3, 0, 8), _randn(2, 3, 0, 4)
+    for causal in (False, True):
+        out, lse = attention(q, k, v, is_causal=causal, return_lse=True)
+        assert out.shape == (2, 3, 5, 4) and not out.any()
+        assert lse.shape == (2, 3, 5) and torch.isneginf(lse).all()
+    out.sum().backward()  # and no gradient: q had no key to be compared with
+    assert not q.grad.any()

@@ -10,7 +10,11 @@ from jaxtyping import TypeCheckError, jaxtyped
 
 from mlsys.counters import SavedTensors
 from mlsys.ops.attention import attention, causal_mask
-from mlsys.ops.flash_attention import FlashAttentionTorch, flash_attention_torch
+from mlsys.ops.flash_attention import (
+    FlashAttentionTorch,
+    flash_attention_torch,
+    flash_attention_torch_backward,
+)
 
 
 def _randn(*shape, seed=0, dtype=torch.float64):
@@ -105,3 +109,23 @@ def test_flash_torch_saves_exactly_q_k_v_o_and_l():
 def test_bad_arguments_are_refused(call, error, message):
     with pytest.raises(error, match=message):
         call()
+
+
+def test_the_backward_checks_o_l_and_do_before_any_work():
+    q, k, v = _randn(2, 5, 8, seed=1), _randn(2, 7, 8, seed=2), _randn(2, 7, 4, seed=3)
+    out, lse = flash_attention_torch(q, k, v)
+    do = torch.ones_like(out)
+    grads = flash_attention_torch_backward(q, k, v, out, lse, do)  # the right shapes run
+    assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+    for args, error, message in [
+        ((out, lse[..., None], do), ValueError,
+         r"lse must have shape \(2, 5\) \(one log-sum-exp per query.*got \(2, 5, 1\)"),
+        ((out, lse, torch.ones_like(q)), ValueError,
+         r"grad_out must have shape \(2, 5, 4\) \(O's shape.*got \(2, 5, 8\)"),
+        ((out[:, :3], lse, do), ValueError, r"out must have shape \(2, 5, 4\)"),
+        ((out, lse.tolist(), do), TypeError, "lse must be a floating-point tensor, got list"),
+        ((out, lse, do.long()), TypeError,
+         "grad_out must be a floating-point tensor, got torch.int64"),
+    ]:
+        with pytest.raises(error, match=message):
+            flash_attention_torch_backward(q, k, v, *args)

@@ -211,13 +211,7 @@ def stage_layers(n_layers: int, n_stages: int) -> tuple[tuple[int, int], ...]:
 def check_model(cfg, dims: ParallelDims, *, batch: int, seq: int, microbatches: int = 1) -> None:
     """ValueError naming the first rule `dims` breaks for this model and batch (global `batch`
     sequences of `seq` tokens)."""
-    if not isinstance(dims, ParallelDims):
-        raise TypeError(f"dims must be a ParallelDims, got {type(dims).__name__}")
-    shape = model_shape(cfg)
-    for name, size in shape.tp_must_divide:
-        if size % dims.tp:
-            raise ValueError(f"{name} ({size}) is not divisible by tp ({dims.tp})")
-    stage_layers(shape.n_layers, dims.pp)
+    _check_split(model_shape(cfg), dims)
     checks.positive_ints(batch=batch, seq=seq, microbatches=microbatches)
     context = getattr(cfg, "context_length", None)
     if context is not None and seq > context:
@@ -227,6 +221,17 @@ def check_model(cfg, dims: ParallelDims, *, batch: int, seq: int, microbatches: 
                          f"microbatches = {dims.dp} * {microbatches} = {dims.dp * microbatches}")
     if seq % dims.cp:
         raise ValueError(f"seq ({seq}) is not divisible by cp ({dims.cp})")
+
+
+def _check_split(shape: ModelShape, dims: ParallelDims) -> None:
+    """ValueError unless tp divides every size it splits (heads, d_ff) and every pipeline
+    stage gets a block."""
+    if not isinstance(dims, ParallelDims):
+        raise TypeError(f"dims must be a ParallelDims, got {type(dims).__name__}")
+    for name, size in shape.tp_must_divide:
+        if size % dims.tp:
+            raise ValueError(f"{name} ({size}) is not divisible by tp ({dims.tp})")
+    stage_layers(shape.n_layers, dims.pp)
 
 
 # --- memory per device ----------------------------------------------------------------------------
@@ -268,10 +273,15 @@ def device_memory(cfg, dims: ParallelDims, *, micro_batch: int, seq: int, microb
     prefetched; 0 to leave them out); activations of `micro_batch` sequences of seq / cp tokens
     per block (TP splits heads and d_ff columns, sequence parallelism the norms) times the
     micro-batches in flight, of which `activation_shard_fraction` is sharded over `dims.fsdp`
-    (the CS336 question's "half of the activations").
+    (the CS336 question's "half of the activations"). Impossible meshes are a ValueError first:
+    tp must divide the heads and d_ff, every stage needs a block, cp must divide seq.
     """
-    shape = cfg if isinstance(cfg, ModelShape) else model_shape(cfg, seq=seq, dtype=act_dtype)
     checks.positive_ints(micro_batch=micro_batch, seq=seq, microbatches=microbatches)
+    shape = cfg if isinstance(cfg, ModelShape) else model_shape(cfg, seq=seq, dtype=act_dtype)
+    _check_split(shape, dims)
+    if seq % dims.cp:
+        raise ValueError(f"seq ({seq}) is not divisible by cp ({dims.cp})")
+    checks.nonnegative_int(gathered_units, "gathered_units")
     frac = checks.number(activation_shard_fraction, "activation_shard_fraction", minimum=0.0,
                          maximum=1.0)
     per = _recipe(recipe).breakdown()

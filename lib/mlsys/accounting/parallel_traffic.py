@@ -104,6 +104,8 @@ def pp_sent_bytes(stage: int, n_stages: int, *, activation_bytes: float,
     gradient to the previous one (backward)."""
     p = checks.positive_int(n_stages, "n_stages")
     s = checks.integer(stage, "stage", minimum=0)
+    if s >= p:
+        raise ValueError(f"stage ({s}) must be < n_stages ({p}): stages are numbered from 0")
     act = checks.nonnegative(activation_bytes, "activation_bytes")
     m = checks.positive_int(microbatches, "microbatches")
     return m * act * ((s < p - 1) + (s > 0))

@@ -248,7 +248,8 @@ def causal_tiles(n_q: int, n_k: int, *, block_q: int, block_k: int) -> dict[str,
                                                                        block_k, True)
         for j0 in range(0, n_k, block_k):
             j1 = min(n_k, j0 + block_k)
-            # the kernels mask a tile whose last key lies past its first row's last key
+            # a tile has masked pairs when its last key lies past its first row's last key (the
+            # book's kernels evaluate the mask on every tile they visit, full ones included)
             kind = "skipped" if j0 >= hi else "diagonal" if j1 - 1 > i0 + offset else "full"
             kinds[kind].append((i0, i1, j0, j1))
     return kinds

@@ -48,6 +48,8 @@ def positions(seq: int, n_ranks: int, rank: int, layout: str = "zigzag") -> Tens
     of 2n (zig-zag)."""
     s, n = checks.positive_int(seq, "seq"), checks.positive_int(n_ranks, "n_ranks")
     r = checks.integer(rank, "rank", minimum=0)
+    if r >= n:
+        raise ValueError(f"rank ({r}) must be < n_ranks ({n}): ranks are numbered from 0")
     checks.choice(layout, "layout", LAYOUTS)
     parts = n if layout == "contiguous" else 2 * n
     if s % parts:

@@ -23,12 +23,24 @@ def check_initialized() -> None:
 
 
 def check_group(group: object, name: str = "group") -> Any:
-    """A process group, explicitly: torch.distributed must be up and `group` a ProcessGroup."""
+    """A process group, explicitly: torch.distributed must be up and `group` a ProcessGroup.
+
+    Anything but None or a ProcessGroup (a name such as 'world', a rank list) is a TypeError at
+    once, even outside a launch; None there says that torch.distributed is not initialized."""
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        raise TypeError(f"{name} must be a torch.distributed.ProcessGroup (e.g. Rank.group or a "
+                        f"mesh axis), got {_short(group)}")
     check_initialized()
     if not isinstance(group, dist.ProcessGroup):
         raise TypeError(f"{name} must be a torch.distributed.ProcessGroup (e.g. Rank.group or a "
                         f"mesh axis), got {type(group).__name__}")
     return group
+
+
+def _short(value: object) -> str:
+    """`value`'s type and a repr of at most 40 characters: what a message quotes."""
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
 
 
 def check_blocks(module: object) -> nn.Module:

@@ -26,7 +26,9 @@ What this launcher promises, and how:
   process starts.
 - **Failures reach the caller.** A rank that raises sends its traceback; the parent then stops the
   other ranks and raises `RankFailed` with the tracebacks, earliest first. A rank that dies
-  without a word (a signal, `os._exit`) or runs past the deadline gives `RankFailed` too.
+  without a word (a signal, `os._exit`) or runs past the deadline gives `RankFailed` too, and a
+  rank that died is named before the peers that then met the broken collective
+  (`launch_job.death_time`).
 - **No orphans.** Ranks are stopped (SIGTERM, then SIGKILL) on any error, timeout or interrupt.
   If the launching process itself is killed (a kernel restart, `kill -9`, a closed terminal),
   its ranks notice within milliseconds: each holds the read end of a "lifeline" pipe whose write
@@ -76,7 +78,7 @@ from typing import Any
 import torch
 
 from mlsys import checks
-from mlsys.distributed.launch_job import Launch, check_fn, dumps
+from mlsys.distributed.launch_job import Launch, check_call
 
 DEVICES = ("cpu", "cuda")
 START_METHODS = ("forkserver", "spawn")
@@ -151,8 +153,7 @@ def run(fn: Callable[..., Any], world_size: int, *, args: Sequence[Any] = (),
     `timeout_s` bounds the start and the call together; `collective_timeout_s` defaults to it.
     Other options as for `start` (device, backend, port, threads_per_rank, start_method).
     """
-    check_fn(fn)
-    dumps("fn, args and kwargs", (fn, tuple(args), kwargs or {}))  # before any rank starts
+    check_call(fn, args, kwargs)  # before any rank starts
     checks.positive(timeout_s, "timeout_s")
     deadline = time.monotonic() + timeout_s
     collective = timeout_s if collective_timeout_s is None else collective_timeout_s

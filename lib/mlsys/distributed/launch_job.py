@@ -4,11 +4,12 @@ sent to them, the values and failures collected back, every wait under a deadlin
 `Launch` is what `launch.start` returns. It opens the rendezvous store (port 0: the OS picks a
 free port, held until the launch stops), starts the ranks (`launch_rank.rank_main`, from a
 thread while this one waits for the deadline), and holds their lifeline (`launch_lifeline`).
-`Launch.run` pickles a call (`check_fn`, `dumps`), sends it to every rank, and collects one
-message from each (`_collect`): values in rank order, or `RankFailed` with every failing rank's
-traceback, earliest first, once the others have had `REPORT_GRACE_S` to report theirs; a rank
-that dies without a word or runs past the deadline fails too. Any failure stops every rank
-(SIGTERM, then SIGKILL after `STOP_GRACE_S`). Used by `mlsys.distributed.launch`.
+`Launch.run` pickles a call (`check_call`), sends it to every rank, and collects one message
+from each (`_collect`): values in rank order, or `RankFailed` with every failing rank's traceback,
+earliest first (a rank that died before the peers that met the broken collective: `death_time`),
+once the others have had `REPORT_GRACE_S` to report theirs; a rank that dies without a word or
+runs past the deadline fails too. Any failure stops every rank (SIGTERM, then SIGKILL after
+`STOP_GRACE_S`). Used by `mlsys.distributed.launch`.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ from mlsys.distributed.launch_rank import HOST, rank_main
 
 STOP_GRACE_S = 3.0
 """Seconds a rank has to exit after SIGTERM before it gets SIGKILL."""
+DEATH_LAG_S = 0.25
+"""How long after a peer's report of the broken collective a dead rank's end (its pipe's end of
+file) may reach the launching process: measured up to 25 ms on a loaded 2-core machine."""
 REPORT_GRACE_S = 1.0
 """After a first failure, how long the other ranks have to report theirs (a rank that raised
 usually makes its peers fail within a fraction of a second: their traceback says why)."""
@@ -54,22 +58,31 @@ class RankFailed(RuntimeError):
         self.failures = failures  # rank -> its traceback or what happened to it
 
 
-def check_fn(fn: object) -> None:
-    """`fn` must be a callable the ranks can import (not one defined in a notebook cell)."""
+def check_call(fn: object, args: object, kwargs: object) -> bytes:
+    """The call `fn(rank, *args, **kwargs)` pickled for the ranks, or a clear error before any
+    is sent: `fn` a callable the ranks can import (not one defined in a notebook cell), `args` a
+    tuple or list, `kwargs` a dict or None, all picklable."""
     if not callable(fn):
         raise TypeError(f"fn must be a callable, got {type(fn).__name__}")
     main = sys.modules.get("__main__")
     if getattr(fn, "__module__", None) == "__main__" and not getattr(main, "__file__", None):
         raise ValueError(f"fn={getattr(fn, '__name__', fn)!r} is defined in an interactive "
                          "session (a notebook cell); ranks cannot import it: define it in a module")
-
-
-def dumps(what: str, obj: object) -> bytes:
-    """`obj` pickled, or a TypeError naming `what` cannot reach the ranks."""
+    if not isinstance(args, (tuple, list)):
+        raise TypeError(f"args must be a tuple (or list) of arguments, such as args=(x,), got "
+                        f"{type(args).__name__}")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise TypeError(f"kwargs must be a dict or None, got {type(kwargs).__name__}")
     try:
-        return pickle.dumps(obj)
+        return pickle.dumps((fn, tuple(args), kwargs or {}))
     except Exception as error:  # PicklingError, AttributeError (local objects), TypeError
-        raise TypeError(f"{what} must be picklable to reach the ranks: {error}") from None
+        raise TypeError(f"fn, args and kwargs must be picklable for the ranks: {error}") from None
+
+
+def death_time(last_clear: float) -> float:
+    """The earliest time a rank may have died whose end the launching process first saw at a
+    look after the one that ended at `last_clear` (wall clock, as the ranks' report times)."""
+    return last_clear - DEATH_LAG_S
 
 
 class Launch:
@@ -173,13 +186,8 @@ class Launch:
         """
         if self._stopped:
             raise LaunchError(f"this launch was stopped ({self._stopped}); start a new one")
-        check_fn(fn)
+        task = check_call(fn, args, kwargs)
         checks.positive(timeout_s, "timeout_s")
-        if not isinstance(args, (tuple, list)):
-            raise TypeError(f"args must be a tuple of arguments, got {type(args).__name__}")
-        if kwargs is not None and not isinstance(kwargs, dict):
-            raise TypeError(f"kwargs must be a dict or None, got {type(kwargs).__name__}")
-        task = dumps("fn, args and kwargs", (fn, tuple(args), kwargs or {}))
         try:
             for conn in self._conns:
                 conn.send(task)
@@ -192,13 +200,15 @@ class Launch:
 
     def _collect(self, what: str, deadline: float, *, expect: str) -> list[Any]:
         """One message from every rank before `deadline`; RankFailed on an error, death or
-        timeout."""
+        timeout, earliest first: a report at the time its rank raised, a death at `death_time`
+        of the last look that did not see it (a rank's death has no time of its own)."""
         values: dict[int, Any] = {}
         failures: dict[int, tuple[float, str]] = {}
         by_conn = {id(c): r for r, c in enumerate(self._conns)}
         by_sentinel = {p.sentinel: r for r, p in enumerate(self._procs)}
-        closed: set[int] = set()  # ranks whose pipe reached its end: their sentinel says why
+        closed: dict[int, float] = {}  # rank -> its death_time, once its pipe reached its end
         first_failure: float | None = None
+        clear = time.time()  # when the last look ended
         while len(values) + len(failures) < self.world_size:
             now = time.monotonic()
             if first_failure is not None and now > first_failure + REPORT_GRACE_S:
@@ -212,13 +222,15 @@ class Launch:
                        failures and r not in closed]
             sentinels = [p.sentinel for r, p in enumerate(self._procs) if r not in values and
                          r not in failures]
-            for ready in wait(waiting + sentinels, timeout=min(0.2, max(deadline - now, 0))):
+            ready_now = wait(waiting + sentinels, timeout=min(0.2, max(deadline - now, 0)))
+            died, clear = death_time(clear), time.time()
+            for ready in ready_now:
                 if isinstance(ready, Connection):
                     r = by_conn[id(ready)]
                     try:
                         kind, payload, stamp = ready.recv()
                     except (EOFError, OSError):
-                        closed.add(r)
+                        closed[r] = died
                         continue
                     if kind == expect:
                         values[r] = payload
@@ -226,13 +238,14 @@ class Launch:
                         failures[r] = (stamp, payload)
                 else:
                     r = by_sentinel[ready]
-                    if r not in closed and self._conns[r].poll():  # it reported first: read it
+                    if r not in closed and self._conns[r].poll():  # a report, or its pipe's end
                         continue
                     self._procs[r].join(timeout=1.0)
                     code = self._procs[r].exitcode
                     how = (f"killed by signal {signal.Signals(-code).name}" if code and code < 0
                            else f"exited with code {code}")
-                    failures[r] = (time.time(), f"rank {r} {how} without reporting an error")
+                    failures[r] = (closed.get(r, died),
+                                   f"rank {r} {how} without reporting an error")
             if failures and first_failure is None:
                 first_failure = time.monotonic()
         if failures:

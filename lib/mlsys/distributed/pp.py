@@ -49,7 +49,13 @@ class PipelineStage(nn.Module):
         super().__init__()
         if not isinstance(model, Transformer):
             raise TypeError(f"model must be a Transformer, got {type(model).__name__}")
-        lo, hi = stage_layers(len(model.blocks), n_stages)[stage]
+        stages = stage_layers(len(model.blocks), n_stages)
+        if checks.integer(stage, "stage", minimum=0) >= n_stages:
+            raise ValueError(f"stage ({stage}) must be < n_stages ({n_stages}): stages are "
+                             "numbered from 0")
+        if group is not None:
+            check_group(group)
+        lo, hi = stages[stage]
         self.stage, self.n_stages, self.first_block, self.group = stage, n_stages, lo, group
         self.config = model.config
         self.token_embedding = model.token_embedding if stage == 0 else None

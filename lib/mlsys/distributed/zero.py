@@ -18,6 +18,9 @@ own share of the parameters only.
 3. each parameter is broadcast from its owner, so all ranks hold the updated model again.
 
 Frozen parameters (requires_grad False) may be passed: they get no owner and are never sent.
+Each parameter must be passed once: a duplicate, in one group or in two, is a ValueError naming
+it, before any communication (torch only warns of one inside a group, and ZeRO would then own,
+update and broadcast it twice).
 At construction rank 0's parameters are broadcast, so every rank starts from the same weights.
 Used in: §sec-data-parallel (chapter 08).
 """
@@ -38,6 +41,39 @@ from mlsys.distributed.ddp import hook_gradients
 from mlsys.distributed.groups import check_group
 
 
+def _distinct(params: Any, where: str, seen: dict[int, str]) -> list[Any]:
+    """`params` (tensors, or (name, tensor) pairs) as a list; ValueError naming the first
+    parameter that is also at `seen[id(p)]` or earlier in `params` (`seen` gains each one)."""
+    if isinstance(params, set):  # unordered: torch's TypeError says why
+        return params
+    items = [params] if isinstance(params, Tensor) else list(params)
+    for i, item in enumerate(items):
+        name, p = item if isinstance(item, tuple) and len(item) == 2 else (None, item)
+        label = f"{where}[{i}]" + (f" ({name!r})" if name is not None else "")
+        if isinstance(p, Tensor):
+            if id(p) in seen:
+                raise ValueError(
+                    f"{label}, of shape {tuple(p.shape)}, is the same parameter as "
+                    f"{seen[id(p)]}: each parameter must be passed once (ZeRO would give it an "
+                    "owner, update it and broadcast it twice); a tied weight is one parameter, "
+                    "as model.parameters() yields it")
+            seen[id(p)] = label
+    return items
+
+
+def _param_groups(params: Any) -> list[Any]:
+    """`params` as torch.optim reads it (tensors, (name, tensor) pairs or param-group dicts), as a
+    list, each group's "params" a list; ValueError if a parameter comes twice, in one group or
+    in two."""
+    if isinstance(params, Tensor):  # torch's own TypeError says why
+        return params
+    items, seen = list(params), {}
+    if not items or not isinstance(items[0], dict):
+        return _distinct(items, "params", seen)
+    return [{**g, "params": _distinct(g["params"], f"params[{k}]['params']", seen)}
+            if isinstance(g, dict) and "params" in g else g for k, g in enumerate(items)]
+
+
 class ShardedOptimizer(torch.optim.Optimizer):
     """ZeRO stage 1 (default) or 2 around any `torch.optim.Optimizer` class."""
 
@@ -48,6 +84,7 @@ class ShardedOptimizer(torch.optim.Optimizer):
             raise TypeError(f"optimizer_cls must be a torch.optim.Optimizer class such as "
                             f"torch.optim.AdamW, got {optimizer_cls!r}")
         checks.choice(stage, "stage", (1, 2))
+        params = _param_groups(params)  # each parameter once, checked before any communication
         if reduce_gradients is None:
             reduce_gradients = stage == 2
         if stage == 2 and not reduce_gradients:
@@ -75,6 +112,11 @@ class ShardedOptimizer(torch.optim.Optimizer):
         return dist.get_global_rank(self.process_group, rank)
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
+        if isinstance(param_group, dict) and "params" in param_group:
+            param_group = {**param_group, "params": _distinct(
+                param_group["params"], "param_group['params']",
+                {id(p): f"a parameter of param_groups[{k}]"
+                 for k, g in enumerate(self.param_groups) for p in g["params"]})}
         super().add_param_group(param_group)
         group = self.param_groups[-1]
         new = [p for p in group["params"] if p.requires_grad and id(p) not in self.owner]

@@ -15,7 +15,8 @@
 Records under `results/` come only from real GPUs at GPU sizes: without CUDA this refuses GPU
 sizes, and a smoke or CPU record is refused there (pass `--out DIR`). An existing record is never
 replaced without `--force`; both rules are checked for every selected experiment before the first
-one runs. Each experiment prints its table.
+one runs, and so is `--out` (a file, or a path this process cannot write, is refused). Each
+experiment prints its table.
 
 `--check` prints one pass/fail line per check (a failure's error in one line; a failure does not
 stop the others) and a count, and exits with status 1 if any check failed. With names, `--all` or
@@ -66,6 +67,22 @@ def _list() -> str:
         minutes = sum(experiments.get(n).gpu_seconds for n in group) / 60
         lines.append(f"chunk {k} ({minutes:.1f} min): {' '.join(group)}")
     return "\n".join(lines)
+
+
+def _unwritable(out: Path) -> str | None:
+    """Why records cannot be written under `out` (None if they can): a file where a directory
+    must be, or a directory this process cannot create or write in (tried: `out` is made, as
+    the first record would make it, and a temporary file written in it and removed)."""
+    folder = next(f for f in (out, *out.parents) if f.exists() or f == f.parent)
+    if not folder.is_dir():
+        return f"{folder} is not a directory"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as error:
+        return f"records cannot be written there ({error.strerror or error})"
+    return None
 
 
 def _check(names: list[str], argv: list[str]) -> list[dict[str, Any]]:
@@ -122,6 +139,9 @@ def main(argv: Sequence[str] | None = None) -> list[Path] | list[dict[str, Any]]
             results.check_destination(path, provenance, force=args.force)
         except (ValueError, FileExistsError) as exc:
             parser.error(str(exc))
+    if args.out is not None and (why := _unwritable(args.out)):
+        parser.error(f"--out {args.out}: {why}; pass a directory this process can write "
+                     "(records go to DIR/<device>/<name>.json)")
     paths = []
     for name in selected:
         experiment = experiments.get(name)

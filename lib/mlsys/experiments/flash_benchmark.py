@@ -7,7 +7,7 @@ once, forward and backward: one that runs out of memory, or that this device doe
 round-robin, forward and forward + backward (backward = the difference). Achieved TFLOP/s use the
 useful work (`accounting.attention`, convention "exact": the pairs attended; the backward counted
 as the four matmuls that need, 2x the forward), so a kernel that recomputes is not credited for it.
-`targets` reads the issue's goals for one H100 from the record: at bf16, causal, head dim 128 and
+`targets` reads the book's goals for one H100 from the record: at bf16, causal, head dim 128 and
 16,384 tokens, the Triton forward at least as fast as the best SDPA backend and at least 50% of
 the dense peak; forward + backward at least 0.9x the best SDPA backend's speed.
 On a CPU the Triton kernel runs in the interpreter: checked elsewhere, never timed here.
@@ -38,7 +38,7 @@ SDPA = {"sdpa_math": "MATH", "sdpa_efficient": "EFFICIENT_ATTENTION",
         "sdpa_flash": "FLASH_ATTENTION", "sdpa_cudnn": "CUDNN_ATTENTION"}
 MODES = ("forward", "backward", "forward+backward")  # backward = forward+backward - forward
 TARGET = {"dtype": "bf16", "causal": True, "d_head": 128, "seq": 16_384}
-"""The configuration the issue sets targets for (one H100)."""
+"""The configuration the book sets its kernel's targets for (one H100)."""
 
 
 @dataclass(frozen=True)
@@ -217,7 +217,7 @@ def recorded_forward_seconds(accelerator: hardware.Accelerator,
 
 
 def targets(rows: list[dict[str, Any]], accelerator: hardware.Accelerator | None = None) -> str:
-    """The issue's three targets at `TARGET`, read from the rows (needs a GPU record)."""
+    """The three targets at `TARGET`, read from the rows (needs a GPU record)."""
     ours = next((r for r in measured(rows) if r["implementation"] == "flash_triton"
                  and all(r[k] == v for k, v in TARGET.items())), None)
     if ours is None:

@@ -7,21 +7,31 @@ against formulas written out independently and against PyTorch's own counter
 - `preset_counts`: the whole model's forward (and, for some presets, forward + backward) counted
   and asserted equal to `flops.transformer_flops`, preset by preset;
 - `six_n_table` and `plot_six_n`: the detailed count per token against the 6N rule;
-- `claimed_checks`: three per-layer formulas that circulate, against the counter on real modules.
+- `claimed_checks`: three per-layer formulas that circulate, against the counter on real modules;
+- `causal_table`: the training FLOPs per token under each causal convention
+  (`accounting.attention.CAUSAL_CONVENTIONS`), and what each does to a reported MFU;
+- `recompute_table`: HFU / MFU under three recomputation conventions (a whole extra forward,
+  Megatron-LM's full recompute of the blocks, PyTorch's non-reentrant checkpoint, which stops
+  early);
+- `decode_table`: the FLOPs of generating one token with a KV cache, counted (`decode_flops`);
+- `published_mfu_table`: the utilizations large runs reported (`third_party.PUBLISHED_MFU`) beside
+  the ones measured here.
+A little over 300 lines: every check of chapter 03, each a function the page calls.
 Every function asserts what it shows: a formula that disagrees stops the page. Counts are FLOPs
 (a multiply-add is 2). Used in: §sec-flops.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from mlsys import plotting
-from mlsys.accounting import flops
+from mlsys import plotting, third_party
+from mlsys.accounting import attention, flops, recompute, utilization
 from mlsys.accounting.params import count_params, param_counts
 from mlsys.book import Table, num
 from mlsys.models.config import TransformerConfig
@@ -183,3 +193,137 @@ def claimed_table(checks: dict[str, tuple[str, int, str, int, int]]) -> Table:
     return Table(["layer", "claimed", "claimed / counter", "correct", "counter (= correct)"],
                  [[name, claim, f"{claimed / count:.4g}", fix, f"{count:,}"]
                   for name, (claim, claimed, fix, _, count) in checks.items()])
+
+
+# --- conventions: the causal mask, recomputation ------------------------------------------------
+
+
+def causal_flops_per_token(cfg: TransformerConfig, seq: int) -> dict[str, float]:
+    """Training FLOPs per token at `seq` under each causal convention of
+    `attention.CAUSAL_CONVENTIONS`: 6 N_matmul plus 3 forwards of the two attention matmuls over
+    the pairs the convention counts (dense: all T^2, asserted equal to
+    `flops.training_flops_per_token`; half: T^2 / 2; exact: T (T + 1) / 2)."""
+    n_matmul = param_counts(cfg).matmul
+    out = {}
+    for convention in attention.CAUSAL_CONVENTIONS:
+        forward = attention.attention_forward_flops(1, cfg.n_heads, seq, seq, cfg.d_head,
+                                                    causal=True, convention=convention)
+        out[convention] = 6 * n_matmul + 3 * cfg.n_layers * forward / seq
+    assert out["dense"] == flops.training_flops_per_token(cfg, seq)
+    assert out["dense"] - out["half"] == 6 * cfg.n_layers * seq * cfg.d_model  # 12 LTD -> 6 LTD
+    return out
+
+
+def causal_table(cases: Sequence[tuple[str, TransformerConfig, int]], mfu: float) -> Table:
+    """Per (name, config, seq): GFLOP per token under each causal convention, and the MFU that a
+    run measured at `mfu` with the dense count reports under each (model FLOPs scale it)."""
+    order = ("dense", "half", "exact")
+    rows = []
+    for name, cfg, seq in cases:
+        per = causal_flops_per_token(cfg, seq)
+        rows.append([name, f"{seq:,}", *(num(per[c] / 1e9, 4) for c in order),
+                     *(f"{mfu * per[c] / per['dense']:.1%}" for c in order)])
+    return Table(["model", "T", *(f"GFLOP/token, {c}" for c in order),
+                  *(f"MFU, {c}" for c in order)], rows)
+
+
+RECOMPUTE_CONVENTIONS = (
+    "none",
+    "a whole extra forward, head included (the 4/3 rule)",
+    "every block rerun, the head not (Megatron-LM's full recompute)",
+    "every block rerun until its saved tensors are back (PyTorch)",
+)
+
+
+def recompute_ratios(cfg: TransformerConfig, batch: int, seq: int) -> dict[str, float]:
+    """HFU / MFU of one training step under each of `RECOMPUTE_CONVENTIONS`: executed matmul FLOPs
+    over the model's (3 forwards). A whole extra forward gives 4/3
+    (`utilization.hardware_training_flops`); Megatron-LM's full recomputation reruns every block
+    but not the output head (its FLOP formula, 96 B s l h^2 (1 + s / 6h + V / 16lh), keeps the
+    head at 6 B s h V: Narayanan et al. 2021); PyTorch's non-reentrant checkpoint of each block
+    also stops early, skipping each block's last w2 (`accounting.recompute`)."""
+    full = utilization.hardware_training_flops(1.0, recompute="full")
+    whole, early = (recompute.recompute_overhead(cfg, batch, seq, checkpoint_segment=1,
+                                                 early_stop=stop) for stop in (False, True))
+    ratios = (1.0, full / utilization.hardware_training_flops(1.0), 1 + whole, 1 + early)
+    assert ratios[0] < ratios[3] < ratios[2] < ratios[1]
+    return dict(zip(RECOMPUTE_CONVENTIONS, ratios, strict=True))
+
+
+def recompute_table(cfg: TransformerConfig, batch: int, seq: int, mfu: float) -> Table:
+    """`recompute_ratios` as a table: the share of the step recomputed, HFU / MFU, and the HFU a
+    run at `mfu` would report under each convention."""
+    return Table(["recomputation", "recomputed / model FLOPs", "HFU / MFU",
+                  f"HFU at {mfu:.0%} MFU"],
+                 [[name, f"{r - 1:.1%}", f"{r:.3f}", f"{r * mfu:.1%}"]
+                  for name, r in recompute_ratios(cfg, batch, seq).items()])
+
+
+# --- decoding with a KV cache --------------------------------------------------------------------
+
+
+def _cached_attention_flops(cfg: TransformerConfig, context: int) -> int:
+    """What `FlopCounterMode` counts for one query against `context` cached keys and values, all
+    heads: the scores q k^T and the weighted values p v, on the meta device."""
+    h, dh = cfg.n_heads, cfg.d_head
+    with torch.device("meta"), FlopCounterMode(display=False) as counter:
+        q, k, v = torch.zeros(1, h, 1, dh), torch.zeros(1, h, context, dh), torch.zeros(
+            1, h, context, dh)
+        (q @ k.transpose(-2, -1)) @ v  # (1, h, 1, context) scores, then (1, h, 1, dh)
+    return counter.get_total_flops()
+
+
+@functools.cache
+def _one_token_flops(cfg: TransformerConfig) -> int:
+    """The counter's forward FLOPs of one token through the model (it attends itself only)."""
+    return count_model_flops(cfg, 1, 1).get_total_flops()
+
+
+def decode_flops(cfg: TransformerConfig, context: int) -> dict[str, int]:
+    """Forward matmul FLOPs of generating one token when the keys and values of the `context`
+    positions it attends (itself included) are cached: every weight once, 2 N_matmul, and the two
+    attention matmuls over the cache, 4 L D context. Counted: one token through the model on the
+    meta device (it attends itself only), plus per layer the counter's cached-attention FLOPs at
+    `context` less those at 1; asserted equal to the formula."""
+    if not 1 <= context <= cfg.context_length:
+        raise ValueError(f"context must be in [1, {cfg.context_length}] (the model's context "
+                         f"length), got {context}")
+    weights = 2 * param_counts(cfg).matmul
+    cached = 4 * cfg.n_layers * cfg.d_model * context
+    counted = _one_token_flops(cfg) + cfg.n_layers * (_cached_attention_flops(cfg, context)
+                                          - _cached_attention_flops(cfg, 1))
+    assert counted == weights + cached
+    return {"weights": weights, "attention": cached, "total": counted}
+
+
+def decode_table(cfg: TransformerConfig, contexts: Sequence[int]) -> Table:
+    """Per context: one decoded token's GFLOP with the cache (`decode_flops`), the attention's
+    share, and what re-running the forward over the whole prefix would cost instead (no cache:
+    the dense forward of `flops.transformer_flops`). Asserts that a decoded token at context t
+    costs a third of a training token at sequence t (both count t keys per query: 2 N + 4 L D t
+    against 6 N + 12 L t D)."""
+    rows = []
+    for context in contexts:
+        d = decode_flops(cfg, context)
+        prefix = flops.transformer_flops(cfg, 1, context).forward_matmul_flops
+        assert 3 * d["total"] == flops.training_flops_per_token(cfg, context)
+        rows.append([f"{context:,}", num(d["total"] / 1e9, 4), f"{d['attention'] / d['total']:.1%}",
+                     num(prefix / 1e9, 4), f"{prefix / d['total']:,.0f}x"])
+    return Table(["context t", "GFLOP per decoded token (KV cache)", "attention share",
+                  "no cache: the prefix's forward (GFLOP)", "no cache / cache"], rows)
+
+
+# --- published utilizations ----------------------------------------------------------------------
+
+
+def published_mfu_table(measured: Sequence[tuple[str, str, float, str]]) -> Table:
+    """`third_party.PUBLISHED_MFU` row by row, then this book's `measured` rows: (run, chips, MFU,
+    what the MFU is measured against)."""
+    def pct(x: float | None) -> str:
+        return "-" if x is None else f"{x:.1%}"
+
+    rows = [[r.run, f"{r.chips:,} {r.accelerator}" if r.chips else r.accelerator, pct(r.mfu),
+             pct(r.hfu), r.note, r.source] for r in third_party.PUBLISHED_MFU]
+    rows += [[run, chips, pct(mfu), "-", against, "this book"]
+             for run, chips, mfu, against in measured]
+    return Table(["run", "chips", "MFU", "HFU", "note", "source"], rows)

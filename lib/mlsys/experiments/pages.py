@@ -56,7 +56,7 @@ def show_roofline_ops(record: dict[str, Any]) -> None:
 
 
 def show_flash_benchmark(record: dict[str, Any]) -> str:
-    """The TFLOP/s of every implementation at the issue's combo (`TARGET`), and the targets."""
+    """The TFLOP/s of every implementation at the targets' combo (`TARGET`), and the targets."""
     rows, target = record["results"], flash_benchmark.TARGET
     kit.draw(flash_benchmark.plot, rows, width=8.0, height=4.0,
              **{k: target[k] for k in ("dtype", "causal", "d_head")})

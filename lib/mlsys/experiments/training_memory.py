@@ -11,7 +11,11 @@ GPU that is `torch.cuda.memory_allocated()` / `max_memory_allocated()` (after
 allocator also sees what the count leaves out: the saved activations and logits at the peak,
 temporaries of the optimizer, buffers (RoPE tables), the token batch and AdamW's step counters.
 The forward pass's growth is checked against the tensors autograd saves for backward (counted
-with `torch.autograd.graph.saved_tensors_hooks`). Used in: §sec-tensors-memory.
+with `torch.autograd.graph.saved_tensors_hooks`), and the first block's share of them is kept
+(`block_saved_bytes`) for the page's closed form of one block. `recipe_needs` is the page's
+arithmetic at a larger size: every recipe's states and activations per GPU, replicated or sharded.
+A little over 300 lines: one experiment, the readings and checks of its rows, and that arithmetic,
+all of chapter 02's measurement. Used in: §sec-tensors-memory.
 """
 
 from __future__ import annotations
@@ -21,8 +25,10 @@ from typing import Any
 
 import torch
 
-from mlsys import checks, env
+from mlsys import checks, env, hardware
 from mlsys.accounting import memory
+from mlsys.accounting.activations import saved_bytes
+from mlsys.accounting.params import count_params
 from mlsys.book import Table, num
 from mlsys.counters import SavedTensors
 from mlsys.dtypes import torch_dtype
@@ -78,7 +84,7 @@ def _train(meter, label: str, s: Sizes, device: str) -> dict[str, Any]:
     """Build the model and the batch, then `s.steps` training steps, each phase read by `meter`."""
     param_dtype, autocast_dtype, recipe = RUNS[label]
     cfg = TransformerConfig.preset(s.preset)
-    saved = []
+    saved, block_saved = [], []
     with meter.recording():
         with meter.phase("model", kind="phase", run=label, step=0):
             model = Transformer(cfg).to(device=device, dtype=torch_dtype(param_dtype))
@@ -93,6 +99,7 @@ def _train(meter, label: str, s: Sizes, device: str) -> dict[str, Any]:
                 with torch.autocast(device, dtype=low, enabled=autocast_dtype is not None):
                     loss = next_token_loss(model, tokens)
             saved.append(counter.activation_bytes)
+            block_saved.append(counter.by_module(depth=2).get("blocks.0", 0))
             with meter.phase("backward", kind="phase", run=label, step=step):
                 loss.backward()
                 del loss
@@ -109,7 +116,7 @@ def _train(meter, label: str, s: Sizes, device: str) -> dict[str, Any]:
            "step_counter_bytes": _nbytes(v for st in optimizer.state.values() for v in st.values()
                                          if isinstance(v, torch.Tensor) and v.dim() == 0
                                          and v.device.type == device),
-           "saved_bytes": saved}
+           "saved_bytes": saved, "block_saved_bytes": block_saved}
     del model, optimizer, tokens, params
     kit.free(device)
     return row
@@ -131,7 +138,55 @@ def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
     return rows + runs + meter.rows
 
 
-# --- counting on the meta device ------------------------------------------------------------
+def recipe_needs(cfg: TransformerConfig, batch: int, seq: int,
+                 n_devices: int) -> dict[str, dict[str, float]]:
+    """Per recipe of `memory.RECIPES`, bytes: its model states, the activations of every layer
+    (naive attention; fp32 for recipes that keep 4-byte weights, bf16 otherwise), and per GPU the
+    states replicated plus the activations, and sharded over `n_devices` plus the activations."""
+    n_devices = checks.positive_int(n_devices, "n_devices")
+    layer = {dt: saved_bytes(cfg, batch, seq, dtype=dt, attention="naive").block_bytes
+             for dt in ("fp32", "bf16")}
+    out = {}
+    for r in memory.RECIPES.values():
+        states = memory.model_state_bytes(count_params(cfg), r)
+        acts = cfg.n_layers * layer["fp32" if r.weight_bytes == 4 else "bf16"]
+        out[r.name] = {"states": states, "activations": acts, "replicated": states + acts,
+                       "sharded": states / n_devices + acts}
+    return out
+
+
+def needs_table(needs: dict[str, dict[str, float]], hbm_bytes: float) -> Table:
+    """`recipe_needs` in GB, a per-GPU figure over `hbm_bytes` marked ✗."""
+    def cell(key: str, value: float) -> str:
+        over = key in ("replicated", "sharded") and value > hbm_bytes
+        return f"{value / hardware.GIGA:.1f}" + (" ✗" if over else "")
+
+    return Table(["recipe", "states", "activations", "per GPU, replicated", "per GPU, sharded"],
+                 [[f"`{name}`", *(cell(k, v) for k, v in need.items())]
+                  for name, need in needs.items()])
+
+
+def mixed_answers(n_devices: int, hbm_bytes: float) -> str:
+    """How each 16-bit recipe moves the fp32 AdamW answer to "the largest model whose states fit
+    on `n_devices` of `hbm_bytes`" (`memory.max_trainable_params`), in words."""
+    answers = {r.name: memory.max_trainable_params(n_devices, hbm_bytes, r)
+               for r in memory.RECIPES.values()}
+    fp32 = answers["fp32_adamw"]
+    return "; ".join(
+        f"{name} ({memory.recipe(name).bytes_per_param} B/param) gives " + (
+            "the same answer" if answers[name] == fp32 else
+            f"{answers[name] / fp32:.2f}x the answer ({answers[name] / hardware.GIGA:.1f} billion)")
+        for name in ("bf16_mixed_adamw", "bf16_mixed_adamw_fp32_grads", "bf16_pure_adamw"))
+
+
+def shared_lines() -> str:
+    """Which recipes cost the same bytes per parameter, as a plot of them draws them: the later
+    names dashed on the first."""
+    by_bytes: dict[int, list[str]] = {}
+    for r in memory.RECIPES.values():
+        by_bytes.setdefault(r.bytes_per_param, []).append(r.name)
+    return "; ".join(f"{', '.join(names[1:])} dashed on {names[0]}"
+                     for names in by_bytes.values() if len(names) > 1)
 
 
 # --- reading the rows (live or recorded) ----------------------------------------------------------

@@ -54,7 +54,7 @@ from mlsys.accounting import attention as attention_cost
 from mlsys.accounting import attention_traffic
 from mlsys.kernels._triton import check_input, require_triton, tl, triton
 from mlsys.kernels.flash_tiles import tiled
-from mlsys.ops.attention import attention, check_qkv
+from mlsys.ops.attention import attention, check_backward, check_qkv
 
 HEAD_DIMS = (16, 32, 64, 128)
 """Head dims the kernels take."""
@@ -378,7 +378,9 @@ def _flash_forward(q: Tensor, k: Tensor, v: Tensor, is_causal: bool,
 
 def _flash_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, grad_out: Tensor,
                     is_causal: bool, tiles: tuple[int, int] | None = None):
-    """Launch the three backward kernels: (dQ, dK, dV) in the inputs' shapes and dtype."""
+    """Launch the three backward kernels: (dQ, dK, dV) in the inputs' shapes and dtype. O, L
+    and dO are checked first (`check_backward`): a wrong shape would be read out of bounds."""
+    check_backward(q, k, v, out, lse, grad_out)
     q4, k4, v4, o4, do4 = (_4d(t) for t in (q, k, v, out, grad_out))
     batch, heads, n_q, _ = q4.shape
     n_k = k4.shape[2]

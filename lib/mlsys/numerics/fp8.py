@@ -64,9 +64,12 @@ def quantize(x: Float[Tensor, "*shape"], fmt: str, scale: float) -> Tensor:
 
 
 def dequantize(q: Tensor, scale: float) -> Float[Tensor, "*shape"]:
-    """The fp32 values an fp8 tensor `q` stands for: q / scale."""
-    if not isinstance(q, Tensor) or q.element_size() != 1:
-        raise TypeError("q must be an fp8 tensor (from quantize)")
+    """The fp32 values an fp8 tensor `q` stands for: q / scale. `q` must have an fp8 dtype: a
+    uint8 or int8 tensor holds integers, not fp8 codes, and would be read as its integers."""
+    if not isinstance(q, Tensor) or not (q.is_floating_point() and q.element_size() == 1):
+        got = q.dtype if isinstance(q, Tensor) else type(q).__name__
+        raise TypeError(f"q must be an fp8 tensor (torch.float8_e4m3fn or torch.float8_e5m2, "
+                        f"from quantize), got {got}")
     return q.float() / checks.positive(scale, "scale")
 
 

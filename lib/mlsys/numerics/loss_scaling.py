@@ -10,7 +10,13 @@ or NaN, and the step must be skipped.
 `DynamicLossScaler` picks S as training goes (Micikevicius et al., 2018, "Mixed Precision
 Training", section 3.2), with the rules and defaults of `torch.amp.GradScaler`: start at 2^16; on a
 step whose gradients are not all finite, skip the update and halve S; after `growth_interval`
-finite steps in a row, double S. Every decision is kept in `history`. `underflow` compares
+finite steps in a row, double S. One rule more than GradScaler: S never drops below `min_scale`
+(default 1, the floor of DeepSpeed's and Megatron-LM's dynamic scalers). Below 1 the scale would
+push the gradients toward fp16's subnormals, and an overflow at S = 1 means the unscaled gradients
+themselves are inf or NaN, which no scale mends; without a floor, 1,091 overflows in a row halve
+the default 2^16 to 0.0 (past a float's smallest subnormal, 2^-1074), and every later gradient
+is divided by 0. An overflow at the floor skips the step without backing off ("skip at min_scale"
+in `history`) and warns, once. Every decision is kept in `history`. `underflow` compares
 gradients computed in a low-precision backward with a float reference, entry by entry.
 Used in: §sec-mixed-precision (`mlsys.training` uses the scaler,
 `mlsys.experiments.mixed_precision` traces it on the book's model).
@@ -18,6 +24,7 @@ Used in: §sec-mixed-precision (`mlsys.training` uses the scaler,
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -27,6 +34,10 @@ from torch import Tensor
 from mlsys import checks
 from mlsys.numerics.precision import get_format
 
+MIN_SCALE = 1.0
+"""The default floor of `DynamicLossScaler`'s scale (DeepSpeed's `min_loss_scale` and Megatron-LM's
+`--min-loss-scale` default to 1 too)."""
+
 
 @dataclass(frozen=True)
 class ScaleEvent:
@@ -35,7 +46,7 @@ class ScaleEvent:
     step: int  # 1-based count of updates attempted
     scale: float  # S used for this step's backward
     finite: bool  # every gradient entry finite after the backward
-    action: str  # "skip and back off", "grow" or "keep"
+    action: str  # "skip and back off", "skip at min_scale", "grow" or "keep"
 
 
 class DynamicLossScaler:
@@ -43,13 +54,19 @@ class DynamicLossScaler:
 
     `scale_loss(loss)` before `backward()`; `unscale_(grads)` divides the gradients in place by S
     and says whether they were all finite; `update(finite)` then halves S (`backoff_factor`) after
-    an overflow or doubles it (`growth_factor`) after `growth_interval` finite steps in a row.
-    Powers of two keep the scaling exact: x * 2^k / 2^k == x for every normal fp32 value.
+    an overflow (never below `min_scale`) or doubles it (`growth_factor`) after
+    `growth_interval` finite steps in a row. Powers of two keep the scaling exact:
+    x * 2^k / 2^k == x for every normal fp32 value.
     """
 
     def __init__(self, init_scale: float = 2.0**16, *, growth_factor: float = 2.0,
-                 backoff_factor: float = 0.5, growth_interval: int = 2_000) -> None:
+                 backoff_factor: float = 0.5, growth_interval: int = 2_000,
+                 min_scale: float = MIN_SCALE) -> None:
+        self.min_scale = checks.positive(min_scale, "min_scale")
         self.scale = checks.positive(init_scale, "init_scale")
+        if self.scale < self.min_scale:
+            raise ValueError(f"init_scale must be >= min_scale = {self.min_scale:g}, "
+                             f"got {self.scale:g}")
         self.growth_factor = checks.number(growth_factor, "growth_factor", minimum=1.0,
                                            strict=True)
         self.backoff_factor = checks.number(backoff_factor, "backoff_factor", minimum=0.0,
@@ -84,6 +101,9 @@ class DynamicLossScaler:
             raise TypeError(f"finite must be a bool, got {finite!r}")
         if not finite:
             action, self.finite_in_a_row = "skip and back off", 0
+            if self.scale <= self.min_scale:  # the floor: nothing lower is worth trying
+                action = "skip at min_scale"
+                self._warn_at_floor()
         else:
             self.finite_in_a_row += 1
             action = "keep"
@@ -91,10 +111,17 @@ class DynamicLossScaler:
                 action, self.finite_in_a_row = "grow", 0
         self.history.append(ScaleEvent(len(self.history) + 1, self.scale, finite, action))
         if action == "skip and back off":
-            self.scale *= self.backoff_factor
+            self.scale = max(self.scale * self.backoff_factor, self.min_scale)
         elif action == "grow":
             self.scale *= self.growth_factor
         return action
+
+    def _warn_at_floor(self) -> None:
+        if not any(e.action == "skip at min_scale" for e in self.history):  # once per scaler
+            warnings.warn(f"loss scale: step {len(self.history) + 1} overflowed at min_scale = "
+                          f"{self.min_scale:g}; skipped without backing off (the unscaled "
+                          "gradients are inf or NaN: look at the loss and the weights)",
+                          RuntimeWarning, stacklevel=3)
 
     @property
     def skipped(self) -> int:

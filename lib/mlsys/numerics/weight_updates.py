@@ -23,7 +23,7 @@ fp32 and the storage alone differs). Used in: §sec-mixed-precision
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
 import torch
 from jaxtyping import Float
@@ -36,6 +36,9 @@ from mlsys.numerics.precision import get_format, ulp
 ROUNDINGS = ("none", "nearest", "master", "kahan", "stochastic")
 """How an update is stored: fp32 reference, round to nearest, fp32 master copy, Kahan
 compensation, stochastic rounding."""
+PARAM_DTYPES = (torch.bfloat16, torch.float32)
+"""The parameter dtypes `RoundedAdamW` takes: bf16, or fp32 holding bf16 values (or, with "none",
+any fp32 values)."""
 
 
 def stochastic_round_bf16(x: Float[Tensor, "*shape"], *,
@@ -69,7 +72,14 @@ class RoundedAdamW(torch.optim.Optimizer):
 
     Moments m, v are fp32. Per parameter the state also holds "master" (fp32 copy) or
     "compensation" (bf16) where the rounding needs one. Parameters may be bf16 tensors or fp32
-    tensors holding bf16 values; with "none" they stay plain fp32.
+    tensors holding bf16 values; with "none" they stay plain fp32. Other dtypes are refused
+    (`PARAM_DTYPES`) rather than rounded to their own: every remedy here is bf16's (the Kahan
+    compensation is kept in bf16; stochastic rounding cuts the low 16 bits of an fp32 pattern,
+    which leaves a bf16 and nothing else), so an fp16 parameter would silently get bf16's 8
+    significant bits instead of its own 11. fp16 training keeps fp32 weights and scales the
+    loss instead (`mlsys.numerics.loss_scaling`).
+    Betas are in [0, 1), as torch.optim.AdamW requires: at beta = 1 the bias correction
+    1 - beta^t is 0 and the first step divides 0 by 0 (NaN weights).
     """
 
     def __init__(self, params: Iterable[Tensor], *, lr: float = 1e-3,
@@ -77,15 +87,35 @@ class RoundedAdamW(torch.optim.Optimizer):
                  weight_decay: float = 0.0, rounding: str = "nearest",
                  generator: torch.Generator | None = None) -> None:
         checks.positive(lr, "lr")
+        if isinstance(betas, (str, bytes)) or not isinstance(betas, Sequence) or len(betas) != 2:
+            raise TypeError(f"betas must be a pair (beta1, beta2) such as (0.9, 0.999), "
+                            f"got {betas!r}")
         for i, beta in enumerate(betas):
-            checks.number(beta, f"betas[{i}]", minimum=0.0, maximum=1.0)
+            if not checks.number(beta, f"betas[{i}]", minimum=0.0) < 1.0:
+                raise ValueError(f"betas[{i}] must be in [0, 1) (as torch.optim.AdamW requires: "
+                                 f"at 1 the bias correction 1 - beta^t is 0), got {beta!r}")
         checks.positive(eps, "eps")
         checks.nonnegative(weight_decay, "weight_decay")
         checks.choice(rounding, "rounding", ROUNDINGS)
         if rounding == "stochastic" and not isinstance(generator, torch.Generator):
             raise TypeError("rounding='stochastic' needs generator=torch.Generator()")
         self.rounding, self.generator = rounding, generator
-        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+        super().__init__(params, dict(lr=lr, betas=tuple(betas), eps=eps,
+                                      weight_decay=weight_decay))
+
+    def add_param_group(self, param_group: dict) -> None:
+        """torch's, after checking that every parameter is bf16 or fp32 (`PARAM_DTYPES`)."""
+        params = param_group["params"]
+        if not isinstance(params, (Tensor, set)):  # a set: torch refuses it (unordered)
+            params = list(params)  # a generator can be read once: keep what was read
+            param_group = {**param_group, "params": params}
+        for i, p in enumerate([params] if isinstance(params, Tensor) else params):
+            if isinstance(p, Tensor) and p.dtype not in PARAM_DTYPES:
+                raise TypeError(
+                    f"params[{i}] is {p.dtype}: RoundedAdamW stores bf16, so parameters must be "
+                    "torch.bfloat16 or torch.float32 (an fp16 one would be rounded through "
+                    "bf16; train fp16 with fp32 weights and a loss scale)")
+        super().add_param_group(param_group)
 
     @torch.no_grad()
     def step(self, closure=None) -> None:  # noqa: ARG002 - torch's signature

@@ -26,6 +26,8 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from mlsys import checks
+
 
 def naive_attention(
     q: Float[Tensor, "batch heads seq d_head"],
@@ -37,12 +39,21 @@ def naive_attention(
     """softmax(q k^T / sqrt(d_head) [+ causal mask]) v as eager ops, the (seq x seq) scores and
     probabilities materialized: the version whose bytes
     `accounting.attention_traffic.naive_attention_ops` counts and whose backward keeps P
-    (`attention_saved_tensors(..., backend="naive")`)."""
-    seq, d_head = q.shape[-2], q.shape[-1]
-    scores = q @ k.transpose(-2, -1) / math.sqrt(d_head)  # (batch, heads, seq, seq)
-    if check_flag(is_causal, "is_causal"):
-        future = torch.ones(seq, seq, dtype=torch.bool, device=q.device).triu(diagonal=1)
-        scores = scores.masked_fill(future, float("-inf"))  # query i may not look at keys j > i
+    (`attention_saved_tensors(..., backend="naive")`). q, k, v: one float dtype and device.
+    Causal is bottom-right, as everywhere here, for n_q <= n_k; n_q > n_k is refused (its first
+    queries would attend no key, a softmax of -inf only: NaN; `attention` gives them O = 0)."""
+    check_shapes(q, k, v)
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k and v must share one dtype (the eager matmuls do not mix them), "
+                        f"got {q.dtype}, {k.dtype}, {v.dtype}")
+    n_q, n_k, d_head = q.shape[-2], k.shape[-2], q.shape[-1]
+    if check_flag(is_causal, "is_causal") and n_q > n_k:
+        raise ValueError(f"is_causal=True needs n_q <= n_k here, got n_q = {n_q}, n_k = {n_k} "
+                         "(queries without a key); attention() gives those rows O = 0")
+    scores = q @ k.transpose(-2, -1) / math.sqrt(d_head)  # (batch, heads, n_q, n_k)
+    if is_causal:  # query i may not look at keys j > i + (n_k - n_q)
+        future = torch.ones(n_q, n_k, dtype=torch.bool, device=q.device).triu(n_k - n_q + 1)
+        scores = scores.masked_fill(future, float("-inf"))
     return scores.softmax(dim=-1) @ v
 
 
@@ -53,6 +64,8 @@ def causal_mask(
     n_q: int, n_k: int, device: torch.device | str | None = None
 ) -> Bool[Tensor, "n_q n_k"]:
     """True where query i may attend key j: j <= i + (n_k - n_q) (bottom-right alignment)."""
+    checks.nonnegative_int(n_q, "n_q")
+    checks.nonnegative_int(n_k, "n_k")
     return torch.ones(n_q, n_k, dtype=torch.bool, device=device).tril(diagonal=n_k - n_q)
 
 
@@ -70,11 +83,14 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def resolve_scale(scale: float | None, d: int) -> float:
-    """The scores' scale: 1/sqrt(d) for None, else `scale` (ValueError unless positive)."""
+    """The scores' scale: 1/sqrt(d) for None, else `scale` (ValueError unless finite and
+    positive: an infinite scale makes every score +-inf and the softmax NaN)."""
     if scale is None:
         return 1.0 / math.sqrt(d)
-    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale > 0:
-        raise ValueError(f"scale must be a positive number or None (1/sqrt(d)), got {scale!r}")
+    if (isinstance(scale, bool) or not isinstance(scale, (int, float))
+            or not (math.isfinite(scale) and scale > 0)):
+        raise ValueError(f"scale must be a finite positive number or None (1/sqrt(d)), "
+                         f"got {scale!r}")
     return float(scale)
 
 
@@ -96,12 +112,41 @@ def _tensor(x: object, name: str) -> Tensor:
 
 
 def check_shapes(q: object, k: object, v: object) -> None:
-    """q, k, v floating-point tensors (..., seq, d); q and k share d, k and v the number of keys."""
+    """q, k, v floating-point tensors (..., seq, d) on one device; q and k share d, k and v the
+    number of keys, and their leading (batch) dims broadcast together."""
     for x, name in ((q, "q"), (k, "k"), (v, "v")):
         _tensor(x, name)
+        if x.device != q.device:
+            raise ValueError(f"{name} is on {x.device} but q is on {q.device}; they must match")
     if q.shape[-1] != k.shape[-1] or k.shape[-2] != v.shape[-2]:
         raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: q and k "
                          "need the same last dim d, k and v the same number of keys")
+    try:
+        torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    except RuntimeError:
+        raise ValueError(f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: the batch "
+                         "dims (all but the last two) must broadcast together") from None
+
+
+def check_backward(q: object, k: object, v: object, out: object, lse: object,
+                   grad_out: object) -> None:
+    """The inputs of a flash backward: q, k, v as `check_shapes` wants them; O and dO of shape
+    (*q.shape[:-1], d_v), L of shape q.shape[:-1] (one log-sum-exp per query), all
+    floating-point on q's device. ValueError/TypeError naming the tensor and the shape it
+    needs."""
+    check_shapes(q, k, v)
+    rows = tuple(q.shape[:-1])
+    for x, name, shape, what in ((out, "out", (*rows, v.shape[-1]), "O's shape"),
+                                 (grad_out, "grad_out", (*rows, v.shape[-1]), "O's shape"),
+                                 (lse, "lse", rows, "one log-sum-exp per query")):
+        if not isinstance(x, Tensor) or not torch.is_floating_point(x):
+            what_got = x.dtype if isinstance(x, Tensor) else type(x).__name__
+            raise TypeError(f"{name} must be a floating-point tensor, got {what_got}")
+        if tuple(x.shape) != shape:
+            raise ValueError(f"{name} must have shape {shape} ({what}: q {tuple(q.shape)}, "
+                             f"v {tuple(v.shape)}), got {tuple(x.shape)}")
+        if x.device != q.device:
+            raise ValueError(f"{name} is on {x.device} but q is on {q.device}; they must match")
 
 
 def check_qkv(q: object, k: object, v: object, is_causal: object) -> None:
@@ -163,7 +208,10 @@ def attention(
                              f"{tuple(scores.shape)}") from None
         allowed = allowed & mask
     scores = scores.masked_fill(~allowed, float("-inf"))
-    row_max = scores.detach().amax(dim=-1, keepdim=True)  # softmax is shift-invariant: no grad
+    if n_k:  # softmax is shift-invariant: the max needs no gradient
+        row_max = scores.detach().amax(dim=-1, keepdim=True)
+    else:  # no keys at all: every row attends nothing (amax of an empty row is an error)
+        row_max = scores.new_full((*scores.shape[:-1], 1), float("-inf"))
     row_max = torch.where(torch.isfinite(row_max), row_max, 0.0)  # rows that attend nothing
     weights = torch.exp(scores - row_max)  # unnormalized P; 0 where masked
     total = weights.sum(dim=-1, keepdim=True)  # l: 0 for rows that attend nothing

@@ -18,6 +18,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from mlsys.ops.attention import (
+    check_backward,
     check_flag,
     check_qkv,
     check_shapes,
@@ -96,7 +97,10 @@ def flash_attention_torch_backward(
 
     With P = exp(S - L) recomputed per tile and D = rowsum(dO * O) (= rowsum(P * dP)):
     dV = P^T dO, dP = dO V^T, dS = P * (dP - D), dQ = scale dS K, dK = scale dS^T Q.
+    O and dO have O's shape, L q's shape without d (`check_backward`, before any work).
     """
+    check_backward(q, k, v, out, lse, grad_out)
+    is_causal = check_flag(is_causal, "is_causal")
     n_q, n_k, dtype = q.shape[-2], k.shape[-2], q.dtype
     scale, offset, wide = resolve_scale(scale, q.shape[-1]), n_k - n_q, compute_dtype(dtype)
     block_q, block_k = _block(block_q, "block_q"), _block(block_k, "block_k")
