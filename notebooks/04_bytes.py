@@ -54,7 +54,7 @@ from mlsys.accounting import bytes as bytes_moved
 from mlsys.accounting import flops, params
 from mlsys.accounting.napkin import napkin
 from mlsys.accounting.op_costs import op_costs
-from mlsys.book import Table, glue, solved_by
+from mlsys.book import Table, glue, num, solved_by
 from mlsys.diagrams import hierarchy
 from mlsys.dtypes import bytes_per_element
 from mlsys.experiments import elementwise_fusion, fused_kernels, kit, op_overhead, roofline_ops
@@ -291,6 +291,63 @@ kit.draw(plotting.plot_op_roofline, costs["bf16"], width=9.0, height=4.2, accele
          dtype=SPEC_DTYPE)
 
 # %% [markdown]
+# ### Tiles and waves
+#
+# The roofline treats a matmul as one smooth kernel. A GPU computes the output in tiles (128 × 128
+# per block, say) and runs the tiles in waves, one per SM at a time here: a dimension one past a
+# multiple of the tile pays for a whole row of tiles (**tile quantization**), one tile past a full
+# wave pays for a whole wave (**wave quantization**) {cite}`nvidia_matmul_guide`.
+# `roofline.tile_waves` counts both on the {glue:text}`spec_name`'s {glue:text}`sm_count` SMs:
+
+# %% tags=["hide-input"]
+tw = {(m, n): roofline.tile_waves(m, n, tile_m=128, tile_n=128, sms=SPEC.sm_count)
+      for m, n in ((1_536, 1_408), (1_536, 1_536), (8_192, 50_257), (8_192, 50_304))}
+assert tw[1_536, 1_536].waves == 2 * tw[1_536, 1_408].waves  # 9% more work, twice the waves
+assert tw[8_192, 50_257].tiles == tw[8_192, 50_304].tiles and 50_304 % 64 == 0 < 50_257 % 8
+glue("vocab_tiles", f"{tw[8_192, 50_304].tiles:,}")
+glue("tw_extra", 100 * (1_536 / 1_408 - 1))  # the work the second wave adds
+Table(["output m × n", "128 × 128 tiles", "waves", "useful share of the tiles", "of the waves"],
+      [[f"{m:,} × {n:,}", f"{t.tiles:,}", t.waves, f"{t.useful_fraction:.2%}",
+        f"{t.wave_fraction:.1%}"] for (m, n), t in tw.items()])
+
+# %% [markdown]
+# A 1,536 × 1,536 output is one tile column wider than 1,536 × 1,408,
+# {glue:text}`tw_extra:.0f`% more work, and a second, nearly empty wave: about twice the time.
+# GPT-2's vocabulary of 50,257 is padded to 50,304 in nanoGPT: for the logits of 8 × 1,024 tokens
+# both fill the same {glue:text}`vocab_tiles` tiles, so the padding costs no tile. What it buys is
+# alignment: 50,304 is a multiple of 64, so every row of the bf16 weight starts on a 16-byte
+# boundary, as vectorized loads and tensor-core kernels want; 50,257 is odd. Pad a dimension to a
+# multiple of the tile, and a grid to whole waves.
+#
+# ### A third roof: communication
+#
+# A kernel whose inputs or outputs cross a link has a third time, the bytes it sends over the
+# link's bandwidth, and the slowest of the three bounds it: its *communication intensity*, FLOPs
+# per byte sent, must pass the link's ridge $P/\beta_\text{link}$ {cite}`austin2025scaling`. A
+# feed-forward block split over $N$ GPUs by tensor parallelism ($d$ =
+# {glue:text}`example_d:,`, $d_\text{ff} = 4d$, {glue:text}`example_tokens:,` tokens, bf16) does
+# $4td\,d_\text{ff}/N$ FLOPs per GPU and all-reduces its $t \times d$ output, $2(N-1)/N \cdot
+# tdb$ bytes sent per GPU: an intensity of $2d_\text{ff}/((N-1)b)$, whatever the tokens:
+
+# %% tags=["hide-input"]
+t_tp, d_tp, link = EXAMPLE_TOKENS, EXAMPLE_D, SPEC.interconnect_bytes_per_s
+tp = {n: roofline.estimate(4 * t_tp * d_tp * 4 * d_tp / n, 2 * bytes_moved.matmul_traffic(
+    t_tp, 4 * d_tp // n, d_tp, SPEC_DTYPE).total_bytes, spec_roof, comm_bytes=2 * (n - 1) / n
+    * t_tp * d_tp * b_spec, link_bytes_per_s=link) for n in (2, 4, 8)}
+assert all(e.bound == "compute-bound" for e in tp.values()) and tp[8].comm_s > 0.9 * tp[8].math_s
+glue("link_ridge", h100_peak / link)
+glue("link_margin", tp[8].math_s / tp[8].comm_s)
+Table(["GPUs", "µs: math", "memory", "link", "bound"], [[n, num(e.math_s * 1e6), num(
+    e.memory_s * 1e6), num(e.comm_s * 1e6), e.bound] for n, e in tp.items()])
+
+# %% [markdown]
+# The link's ridge on the {glue:text}`spec_name` is {glue:text}`link_ridge:,.0f` FLOP per byte
+# sent, against $2d_\text{ff}/((N-1)b)$: the intensity falls as $N$ grows, and at $N = 8$ the
+# all-reduce takes nearly as long as the math. A link only {glue:text}`link_margin:.2f` times
+# slower, or a narrower layer, would make it communication-bound, which is why tensor parallelism
+# stays inside a node's NVLink. {ref}`sec-parallelism` prices every axis this way.
+
+# %% [markdown]
 # ## The code
 #
 # `Ceilings` holds the two roofs, from a spec or from measurement; `estimate` turns a kernel's FLOPs
@@ -327,10 +384,12 @@ kit.draw(plotting.plot_op_roofline, costs["bf16"], width=9.0, height=4.2, accele
 #
 # ### Operations on the measured roofline
 #
-# On a CPU one effect goes first: PyTorch's CPU allocator returns large freed blocks to the
-# operating system, so every fresh output of tens of MB is new memory that the OS maps and zeroes
-# page by page (a GPU's caching allocator keeps it). The run keeps freed memory mapped
-# (`mlsys.bench.kept_cpu_memory`) before timing anything else.
+# On a CPU one effect goes first. PyTorch's CPU allocator (c10's) takes its memory from glibc's
+# `malloc`, which serves a block above its mmap threshold (128 KiB at first, raised up to 32 MiB on
+# 64-bit Linux as large blocks are freed) from a fresh `mmap` and unmaps it on `free`: every fresh
+# output of tens of MB is new memory that the OS maps and zeroes page by page (a GPU's caching
+# allocator keeps it). The run keeps freed memory mapped (`mlsys.bench.kept_cpu_memory` tells
+# glibc to serve large blocks from its heap and never trim it) before timing anything else.
 
 # %%
 ops_rows = roofline_ops.run(OPS)
@@ -390,23 +449,23 @@ kernel_table(torch.Generator().manual_seed(SEED), "cuda" if env.device() == "cud
 # run on the vector units, not the matrix units, so the compute roof is measured by a probe of its
 # own: the fused chain at a large $k$ on a tensor small enough to stay in cache (on a GPU the spec's
 # fp32 CUDA-core peak is drawn too). The prediction is $T(k) = \max(2kn / P_\text{vector},
-# 2nb/\beta)$.
+# 2nb/\beta)$. Each eager op and each fused call writes a fresh output, so on a CPU this run too
+# keeps freed memory mapped: without it every output would pay the page faults measured above.
 
 # %%
 fusion_rows = elementwise_fusion.run(FUSION)
 elementwise_fusion.table(fusion_rows)
 
 # %% tags=["remove-cell"]
-sweep_verdict = glue("sweep_verdict", elementwise_fusion.sweep_verdict(fusion_rows))
+glue("sweep_verdict", elementwise_fusion.sweep_verdict(fusion_rows))
+glue("sweep_model", elementwise_fusion.model_sentence(fusion_rows))
 
 # %% tags=["remove-input"]
 kit.draw(elementwise_fusion.plot, fusion_rows, ncols=2, width=10.5, height=5.0,
          accelerator=hardware.detect())
 
 # %% [markdown]
-# Measured: {glue:text}`sweep_verdict`. The model says why: below the turn a fused kernel runs at
-# the copy bandwidth and extra FLOPs are free, above it bytes/s falls as $1/k$; the eager chain
-# never gets there, since each of its ops is memory-bound whatever $k$ is.
+# Measured: {glue:text}`sweep_verdict`. {glue:text}`sweep_model`
 #
 # ### (b) Fusion: `x.cos().cos()`
 #
@@ -421,6 +480,7 @@ glue("cos_verdict", elementwise_fusion.cos_verdict(fusion_rows))
 fp32_ridge = glue("h100_fp32_ridge", SPEC.ridge_intensity("fp32"))
 cos_bytes = elementwise.repeat_unary_bytes(1, "fp32")  # fused cos(cos(x)): read + write, 1 element
 glue("cos_break_even", fp32_ridge * cos_bytes / 2)  # instructions per cosine
+glue("cos_recorded", elementwise_fusion.recorded_cos_text())
 elementwise_fusion.cos_table(fusion_rows)
 
 # %% [markdown]
@@ -428,15 +488,16 @@ elementwise_fusion.cos_table(fusion_rows)
 # memory-bound regime. On an {glue:text}`spec_name` the roof for this arithmetic is the fp32 ridge
 # of {glue:text}`h100_fp32_ridge:.0f` FLOP/byte; the fused kernel computes two cosines per element
 # it reads and writes, so it stays memory-bound, and near twice as fast as eager, as long as a
-# cosine costs fewer than {glue:text}`cos_break_even:.0f` instructions. The recorded GPU runs at the
-# end of the chapter show what one did.
+# cosine costs fewer than {glue:text}`cos_break_even:.0f` instructions.
+# {glue:text}`cos_recorded`.
 #
 # ### (c) Overhead: when size stops mattering
 #
 # Each eager op costs a fixed amount before any data moves: Python, the dispatcher, on a GPU a
 # kernel launch. `x.mul_(1.0)` is timed at sizes from one element up, $n$ and $2n$ interleaved; the
-# model is $T(n) = T_0 + 8n/\beta$, $T_0$ the median of the smallest sizes and $\beta$ the copy
-# probe of the same run.
+# model is $T(n) = T_0 + 8n/\beta$, $T_0$ the median of the smallest sizes and $\beta$ the same
+# in-place op's bandwidth on a buffer far above the caches, in the same run (not the copy probe's:
+# a copy on a CPU also reads each destination line before writing it, an in-place op does not).
 
 # %%
 overhead_rows = op_overhead.run(OVERHEAD)
@@ -706,6 +767,34 @@ print(f"checked: {whose} solution matches mlsys.roofline on {len(SHAPES_Q6)} sha
 # ridge's worth of tokens (Q1) it sits on the compute roof.
 # ```
 #
+# ### Q7 (find the error) "About 50 operations"
+#
+# Notes on He's essay {cite}`he2022brrrr` say: an A100 moves 1.5 TB/s, 400 billion fp32 numbers a
+# second, and computes 19.5 TFLOP/s, 20 trillion operations: so an elementwise op needs "roughly
+# around 50 operations" per number before compute, not memory, limits it. What does that count
+# leave out, and what are the numbers, reads only and read + write, on the A100 40 GB and 80 GB
+# (`byte_checks.ops_per_element`)?
+
+# %% tags=["hide-cell"]
+checks_04 = experiments.byte_checks  # (imported above with kernel_table)
+he = {(gpu, moved): checks_04.ops_per_element(a100.peak_flop_per_s("fp32"), bw, moved)
+      for gpu, bw in (("40", checks_04.A100_40GB_BYTES_PER_S), ("80", a100.hbm_bytes_per_s))
+      for moved in (4, 8)}  # an fp32 element read (4 B), or read and written back (8 B)
+assert round(he["40", 4]) == 50 and he["40", 8] > 2 * 49 and he["80", 4] < 40 < he["80", 8] < 80
+for (gpu, moved), value in he.items():
+    glue(f"he_{gpu}_{moved}", value)
+
+# %% [markdown]
+# ```{dropdown} Answer
+# The 50 counts only the reads: a unary op also writes its result back, 8 bytes per fp32 element,
+# not 4. And 1.5 TB/s is the 40 GB A100 ({cite}`nvidia_a100_datasheet`: 1,555 GB/s; the 80 GB has
+# 2,039 GB/s at the same 19.5 TFLOP/s). Operations per element at the break-even, $P \cdot
+# (\text{bytes per element}) / \beta$: on the 40 GB, {glue:text}`he_40_4:.0f` reads only and
+# **{glue:text}`he_40_8:.0f`** read + write; on the 80 GB, {glue:text}`he_80_4:.0f` and
+# **{glue:text}`he_80_8:.0f`**: about a hundred on the GPU of the notes, once the write is
+# counted. The fused chain of (a) measures the same turn, $k^*$, on this machine.
+# ```
+#
 # ## Summary
 #
 # - Arithmetic intensity $I = F/Q$ decides what limits a kernel: attainable FLOP/s $= \min(P,
@@ -718,6 +807,9 @@ print(f"checked: {whose} solution matches mlsys.roofline on {len(SHAPES_Q6)} sha
 # - A linear layer's forward and backward read $W$ twice and write $dW$ once, not "three reads".
 # - Ridges: {glue:text}`a100_ridge:.0f` FLOP/byte for an A100 in fp16, {glue:text}`h100_ridge:.0f`
 #   for an H100 in bf16; they do not only climb with each generation.
+# - A matmul runs in whole tiles and whole waves of tiles (pad a dimension to the tile, as a
+#   vocabulary to 50,304); a kernel that sends data has a third roof, its FLOPs per byte sent
+#   against the link's ridge.
 # - Roofs measured interleaved with the operations, and verdicts withheld when the numbers
 #   contradict each other; below a size where bytes take less than the per-op overhead, only the
 #   overhead matters.

@@ -12,10 +12,11 @@
 # (sec-benchmarking)=
 # # Benchmarking and profiling a training step
 #
-# **Question.** A student timed the forward pass of the `small` preset (4 × 128 tokens) on an A100
-# at {glue:text}`q_small_128_ms:.1f` ms, and at 4 × 256 tokens at {glue:text}`q_small_256_ms:.1f`
-# ms: twice the work in the same time, where the A100's fp32 peak says {glue:text}`q_fp32_ms:.1f`
-# ms. How long do a forward pass, a backward pass and an AdamW step of the book's presets take,
+# **Question.** A student timed the forward pass of the `small` preset (4 × 128 tokens) on an
+# Ampere GPU (an 80 GB A100, inferred below) at {glue:text}`q_small_128_ms:.1f` ms, and at
+# 4 × 256 tokens at {glue:text}`q_small_256_ms:.1f` ms: twice the work in the same time, where the
+# A100's fp32 peak says {glue:text}`q_fp32_ms:.1f` ms. How long do a forward pass, a backward pass
+# and an AdamW step of the book's presets take,
 # where does that time go kernel by kernel, where does the memory go byte by byte, and does each
 # agree with what chapters 02–04 predict?
 #
@@ -108,8 +109,14 @@ COMPILE = env.pick(**compile_step.SIZES)
 # ```
 #
 # The student's run was fp32, whose matmuls run on the A100's CUDA cores ({glue:text}`a100_fp32:.1f`
-# TFLOP/s) unless TF32 is switched on ({glue:text}`a100_tf32:.0f` TFLOP/s, tensor cores). What their
-# forward times imply, at the batch of 4 the assignment uses:
+# TFLOP/s) unless TF32 is switched on ({glue:text}`a100_tf32:.0f` TFLOP/s, tensor cores). TF32
+# keeps fp32's 8 exponent bits and only 10 of its 23 mantissa bits (bf16 keeps 7), so the inputs
+# of each product are rounded by up to $2^{-11} \approx 5 \times 10^{-4}$, and it is a process-wide
+# switch:
+# `torch.set_float32_matmul_precision("high")` lets fp32 matmuls use it, `"highest"` (PyTorch's
+# default) does not. An "fp32" time means little without the precision it ran at; the timing
+# pitfalls below measure both. What their forward times imply, at the batch of 4 the assignment
+# uses:
 
 # %% tags=["hide-input"]
 adamw_bytes = bytes_moved.adamw_traffic(count_params(TransformerConfig.preset(PRESET)), "fp32")
@@ -117,34 +124,23 @@ assert adamw_bytes.total_bytes == 28 * count_params(TransformerConfig.preset(PRE
 glue("adamw_b_per_param", 28)
 seed_rows = step_benchmark.third_party_rows(SEED_GPU)
 by_key = {(r["preset"], r["seq"]): r for r in seed_rows}
-small_128, small_256 = by_key[("small", 128)], by_key[("small", 256)]
-for name, value in {"q_small_128_ms": small_128["forward_s"] * 1e3,
-                    "q_small_256_ms": small_256["forward_s"] * 1e3,
-                    "q_fp32_ms": small_128["fp32_s"] * 1e3,
-                    "a100_fp32": SEED_GPU.peak_flop_per_s("fp32") / 1e12,
-                    "a100_tf32": SEED_GPU.peak_flop_per_s("tf32") / 1e12,
-                    "seed_verdict": step_benchmark.third_party_verdict(SEED_GPU)}.items():
+seed_values, seed_table = step_benchmark.seed_summary(SEED_GPU)  # asserts the lessons below
+for name, value in seed_values.items():
     glue(name, value)
-seed_bwd = [r["backward_s"] / r["forward_s"] for r in seed_rows]
-assert small_256["forward_s"] < 1.1 * small_128["forward_s"]  # twice the tokens, same time
-assert small_128["forward_s"] > 3 * small_128["fp32_s"]
-glue("seed_small_over", small_128["forward_s"] / small_128["fp32_s"])
-assert min(seed_bwd) < 1.6 and max(seed_bwd) > 2  # the lessons below, read from their table
-assert max(r["achieved_flop_per_s"] for r in seed_rows) < SEED_GPU.peak_flop_per_s("fp32")
-Table(["preset", "seq", "forward ms (theirs)", "backward / forward", "at fp32 peak (ms)",
-       "at TF32 peak (ms)", "achieved TFLOP/s"],
-      [[r["preset"], r["seq"], num(r["forward_s"] * 1e3), f"{r['backward_s'] / r['forward_s']:.2f}",
-        num(r["fp32_s"] * 1e3), num(r["tf32_s"] * 1e3), num(r["achieved_flop_per_s"] / 1e12)]
-       for r in seed_rows])
+seed_table
 
 # %% [markdown]
 # Source: {cite}`cs336_2025`, a student's answers, on an Ampere GPU (their kernels are
-# `ampere_sgemm_*`: fp32 CUDA-core GEMMs, not tensor-core ones). Read against the A100:
-# {glue:text}`seed_verdict`. Three lessons are in that table. The `small` preset at 128 and 256
-# tokens is in the overhead regime of {ref}`sec-bytes`: the GPU waits on Python and kernel launches,
-# so doubling the work costs nothing. The backward costs less than twice the forward while the model
-# is small (its launches are fewer per FLOP) and about twice once the matmuls dominate. And an fp32
-# run can approach the fp32 peak, never the TF32 one it did not ask for.
+# `ampere_sgemm_*`: fp32 CUDA-core GEMMs, not tensor-core ones). Which one:
+# {glue:text}`seed_gpu_text`.
+# Read against it: {glue:text}`seed_verdict`. Three lessons are in that table. The `small` preset at
+# 128 and 256 tokens is in the overhead regime of {ref}`sec-bytes`: the GPU waits on Python and
+# kernel launches, so doubling the work costs nothing. While a step is launch-bound its time follows
+# the kernels it issues and what each costs the host, not its FLOPs: the backward issues about
+# twice the forward's kernels, but from autograd's C++ engine rather than from Python modules, so
+# each costs the host less, and backward / forward stays under 2 (in this chapter's own profile
+# below, {glue:text}`profile_launch`). Once the matmuls dominate it is about 2, the ratio of their
+# FLOPs. And an fp32 run can approach the fp32 peak, never the TF32 one it did not ask for.
 #
 # ### Where the FLOPs are, and where the time will be
 #
@@ -165,10 +161,12 @@ Table(["class", "training FLOPs (G)", "share"],
 
 # %% [markdown]
 # Matmuls are {glue:text}`matmul_flop_pct:.2f`% of the FLOPs and normalization
-# {glue:text}`norm_flop_pct:.2f`%. He {cite}`he2022brrrr` found normalization at about 0.2% of
-# BERT's FLOPs and a quarter of its runtime: a memory-bound op's time follows its bytes, not its
-# FLOPs. Inside written-out attention, one matmul ($QK^\top$ or $PV$) does $2d_\text{head}$ FLOPs
-# per score and the softmax about 5, a ratio of $2d_\text{head}/5$ =
+# {glue:text}`norm_flop_pct:.2f`%. Ivanov et al. {cite}`ivanov2021data` measured the statistical
+# normalizations of a BERT encoder layer (softmax and layer norm) at 0.17% of its FLOPs and 25.5%
+# of its runtime, the "0.2% and a quarter" that He {cite}`he2022brrrr` quotes: a memory-bound op's
+# time follows its bytes, not its FLOPs. Inside written-out attention, one matmul ($QK^\top$ or
+# $PV$) does $2d_\text{head}$ FLOPs per score and the softmax about 5, a ratio of
+# $2d_\text{head}/5$ =
 # {glue:text}`attn_flop_ratio:.1f` (both matmuls together: $0.8\,d_\text{head}$). The seed calls it
 # "roughly 64×": that is $d_\text{model}/n_\text{heads} = d_\text{head}$ =
 # {glue:text}`seed_ratio:.0f`, the ratio of $d$ to $h$ in its two $O(\cdot)$ terms, with the
@@ -258,9 +256,9 @@ Table(["checkpointing", "kept after forward (MB)", "saved at most (MB)",
 #
 # ### Timing right
 #
-# Five mistakes, each measured on this machine ({ref}`sec-flops` introduced `mlsys.bench`, which
-# avoids them: warm-up, synchronization, median and p20–p80 of many samples, optional cache
-# flush):
+# Six mistakes, each measured on this machine ({ref}`sec-flops` introduced `mlsys.bench`, which
+# avoids the first five: warm-up, synchronization, median and p20–p80 of many samples, optional
+# cache flush; the sixth is the fp32 matmul precision above):
 
 # %%
 pitfall_rows = timing_pitfalls.run(PITFALLS)
@@ -269,8 +267,9 @@ timing_pitfalls.table(pitfall_rows)
 # %% [markdown]
 # On a CPU every op has finished when its call returns, so synchronizing changes nothing there and
 # there are no device events to compare with; on a GPU an unsynchronized host timer measures the
-# launches, not the kernels (see the recorded runs at the end). Exercise Q4 asks you to write the
-# timer yourself.
+# launches, not the kernels, a synchronized one adds the launch and the wait, and CUDA events time
+# the kernel alone (see the recorded runs at the end). Exercise Q4 asks you to write the timer
+# yourself.
 #
 # ### Forward, backward and step against their prediction
 #
@@ -321,10 +320,8 @@ display(step_profile.op_table(profile_rows, top=8, exclude=("matmul",)))
 step_profile.core_table(profile_rows)
 
 # %% [markdown]
-# {glue:text}`profile_attention`. FLOPs do not predict the time of a memory-bound op: the softmax
-# reads and writes the whole score matrix for a handful of FLOPs per element. The profiler itself
-# costs time per op: {glue:text}`profile_overhead`; its tables are for shares, plain timing for
-# durations.
+# In attention's core: {glue:text}`profile_attention`. The profiler's own cost, the same step with
+# and without it: {glue:text}`profile_overhead`.
 #
 # ### The trace: the host's calls against the device's work
 #
@@ -420,13 +417,7 @@ step_memory.checkpoint_table(memory_rows)
 # %% tags=["hide-input"]
 seed_memory = step_memory.seed_rows()
 at = {r["seq"]: r for r in seed_memory}
-for name, value in {"seed_256_claim": at[256]["claimed_forward_gb"],
-                    "seed_256_formula": at[256]["formula_gib"],
-                    "seed_1024_claim": at[1024]["claimed_forward_gb"],
-                    "seed_1024_formula": at[1024]["formula_gib"],
-                    "seed_512_claim": at[512]["claimed_forward_gb"],
-                    "seed_512_gib": at[512]["formula_gib"],
-                    "seed_512_gb": at[512]["formula_gb"]}.items():
+for name, value in step_memory.seed_values(seed_memory).items():
     glue(name, value)
 assert at[512]["claimed_forward_gb"] == round(at[512]["formula_gib"] * 1024 / 1000, 1)
 for seq_bad in (256, 1024):  # the table does not follow the formula
@@ -499,9 +490,11 @@ missing = glue("missing_records", experiments.show_records(
 #
 # ### Q1 (multi-step) Does the 2.7B model train on one H100?
 #
-# The 2.7B preset, fp32 AdamW, batch 4 × 1,024 tokens, SDPA attention. (a) How many bytes do the
-# model states and the saved activations take? (b) With (a)'s bytes, does it fit in an H100's
-# {glue:text}`q1_device_gb:.0f` GB? (c) With every block checkpointed, what is the most that is
+# The 2.7B preset, fp32 AdamW, batch 4 × 1,024 tokens, SDPA attention: the run that the seed
+# reports as out of memory on its 80 GB A100 (with xl at 1,024 tokens; both ran at 512). (a) How
+# many bytes do the model states and the saved activations take? (b) With (a)'s bytes, does it fit
+# in an H100's {glue:text}`q1_device_gb:.0f` GB, and does the same count explain the seed's four
+# runs (its written-out attention)? (c) With every block checkpointed, what is the most that is
 # saved at once, does it fit now, and what share of the step's matmul FLOPs is recomputed? (d) At
 # the seed's achieved forward rate for 2.7B at 512 tokens, how long do the step's matmuls take, and
 # how much longer does (c)'s recomputation make it?
@@ -518,13 +511,20 @@ assert device_bytes > q1_states + q1_ck.peak_bytes  # (c) fits with every block 
 q1_rate = by_key[("2.7B", 512)]["achieved_flop_per_s"]
 q1_fwd = flops.transformer_flops(big, 4, 1024).forward_matmul_flops
 q1_step = 3 * q1_fwd / q1_rate
+seed_need = {(p, n): memory.model_state_bytes(count_params(TransformerConfig.preset(p)),
+                                               "fp32_adamw")
+             + activations.saved_bytes(TransformerConfig.preset(p), 4, n).total_bytes
+             for p in ("xl", "2.7B") for n in (512, 1024)}  # the seed's model: naive attention
+assert {k for k, v in seed_need.items() if v > SEED_GPU.hbm_bytes} == {("xl", 1024), ("2.7B", 1024)}
 for name, value in {"q1_device_gb": device_bytes / 1e9, "q1_states": q1_states / 1e9,
                     "q1_plain": q1_plain.total_bytes / 1e9, "q1_ck": q1_ck.peak_bytes / 1e9,
                     "q1_sum": (q1_states + q1_plain.total_bytes) / 1e9,
                     "q1_ck_sum": (q1_states + q1_ck.peak_bytes) / 1e9,
                     "q1_share": 100 * q1_share, "q1_fwd_tf": q1_fwd / 1e12,
                     "q1_rate": q1_rate / 1e12, "q1_step": q1_step,
-                    "q1_extra": q1_step * q1_share}.items():
+                    "q1_extra": q1_step * q1_share, "q1_seed_27": seed_need[("2.7B", 1024)] / 1e9,
+                    "q1_seed_xl": seed_need[("xl", 1024)] / 1e9,
+                    "q1_seed_fit": seed_need[("2.7B", 512)] / 1e9}.items():
     glue(name, value)
 
 # %% [markdown]
@@ -532,7 +532,9 @@ for name, value in {"q1_device_gb": device_bytes / 1e9, "q1_states": q1_states /
 # (a) Model states: 16 B/param × the parameter count = {glue:text}`q1_states:.1f` GB; saved
 # activations (`saved_bytes`, batch 4 × 1,024): {glue:text}`q1_plain:.1f` GB.
 # (b) No: their sum, {glue:text}`q1_sum:.1f` GB, passes {glue:text}`q1_device_gb:.0f` GB before
-# any temporary.
+# any temporary. The same count with written-out attention gives the seed's four runs: 2.7B and
+# xl at 1,024 tokens need {glue:text}`q1_seed_27:.0f` and {glue:text}`q1_seed_xl:.0f` GB, more than
+# 80, while the largest run that worked, 2.7B at 512, needs {glue:text}`q1_seed_fit:.0f` GB.
 # (c) Checkpointing keeps each block's input and reruns one block at a time: at most
 # {glue:text}`q1_ck:.1f` GB saved at once, so states + saved = {glue:text}`q1_ck_sum:.1f` GB, which
 # fits; the rerun costs {glue:text}`q1_share:.1f`% more matmul FLOPs.
@@ -555,7 +557,10 @@ seed_compile = {(r.mode, r.seq): r for r in third_party.CS336_STUDENT_COMPILE}
 q2_step, q2_fb = seed_compile[("step", 128)], seed_compile[("forward+backward", 128)]
 q2_optimizer = q2_step.eager_s - q2_fb.eager_s  # the optimizer stays eager in both
 q2_expected = q2_fb.compiled_s + q2_optimizer
-q2_outlier = q2_step.compiled_std_s * 10 / 3  # one slow call among 10: std = delta * 3 / 10
+q2_share, q2_slow = timing_pitfalls.slow_calls(q2_step.compiled_s, q2_step.compiled_std_s,
+                                               q2_expected)  # what lifts the mean and the std
+q2_one = q2_step.compiled_std_s * 10 / 3  # the one slow call among ten that gives the std
+assert q2_one / 10 < (q2_step.compiled_s - q2_expected) / 1.5 and 0.25 < q2_share < 0.35
 assert q2_expected < q2_step.eager_s < q2_step.compiled_s  # the mean contradicts its own parts
 assert q2_step.compiled_std_s > 40 * q2_step.eager_std_s
 for name, value in {"q2_compiled": q2_step.compiled_s, "q2_compiled_std": q2_step.compiled_std_s,
@@ -563,18 +568,23 @@ for name, value in {"q2_compiled": q2_step.compiled_s, "q2_compiled_std": q2_ste
                     "q2_fb_compiled": q2_fb.compiled_s, "q2_fb_eager": q2_fb.eager_s,
                     "q2_expected": q2_expected, "q2_optimizer": q2_optimizer,
                     "q2_std_ratio": q2_step.compiled_std_s / q2_step.eager_std_s,
-                    "q2_outlier": q2_outlier}.items():
+                    "q2_one": q2_one, "q2_share": 100 * q2_share,
+                    "q2_slow": q2_slow, "q2_rise": q2_step.compiled_s - q2_expected}.items():
     glue(name, value)
 
 # %% [markdown]
 # ```{dropdown} Answer
-# The compiled step's spread is {glue:text}`q2_std_ratio:.0f` times eager's: its mean is pulled by a
-# few slow calls, most likely a compilation inside the timed loop (a first call, or a recompilation
-# for a new shape). Among ten calls, one call {glue:text}`q2_outlier:.2f` s slower than the rest
-# gives that standard deviation by itself. The parts say what a step costs: the compiled forward +
-# backward, {glue:text}`q2_fb_compiled:.3f` s, plus the eager optimizer, {glue:text}`q2_eager:.3f`
-# − {glue:text}`q2_fb_eager:.3f` = {glue:text}`q2_optimizer:.3f` s, is
-# {glue:text}`q2_expected:.3f` s: faster than eager, not slower. Report the first calls apart and
+# The compiled step's spread is {glue:text}`q2_std_ratio:.0f` times eager's: its mean is pulled by
+# slow calls, most likely compilations inside the timed loop (a first call, recompilations for new
+# shapes). The parts say what a step costs: the compiled forward + backward,
+# {glue:text}`q2_fb_compiled:.3f` s, plus the eager optimizer, {glue:text}`q2_eager:.3f` −
+# {glue:text}`q2_fb_eager:.3f` = {glue:text}`q2_optimizer:.3f` s, is {glue:text}`q2_expected:.3f` s:
+# faster than eager, not slower. The mean sits {glue:text}`q2_rise:.3f` s above that. One slow
+# call among ten would have to be {glue:text}`q2_one:.2f` s slow to give the standard deviation,
+# and would lift the mean by a tenth of that: too little. A share $p$ of calls, each $\delta$ slow,
+# lifts the mean by $p\delta$ and gives a deviation of $\delta\sqrt{p(1-p)}$: both fit with
+# $p$ = {glue:text}`q2_share:.0f`% (three calls in ten) about {glue:text}`q2_slow:.2f` s slow.
+# Report the first calls apart and
 # the median with p20–p80, as `compile_step` does, and count the recompilations.
 # ```
 #
@@ -665,6 +675,39 @@ print(f"checked: {whose} timer gives {q4 * 1e3:.3g} ms, as bench.benchmark does"
 # total time and a cache flush.
 # ```
 #
+# ### Q5 (find the error) The forward's kernels, read from the whole step
+#
+# The assignment asks which kernels besides matmuls take non-trivial time *in the forward pass*.
+# The seed answers with a copy kernel at 3.6%, two multiply kernels at 2.4% and 1.3% and an add at
+# 1.3%. Its forward-only profile lists two GEMM kernels at 43% each. What is wrong with the answer,
+# and what does this chapter's profile say, forward only against forward + backward
+# (`step_profile.phase_shares`)?
+
+# %% tags=["hide-cell"]
+q5_fwd_gemm = sum(step_profile.SEED_FORWARD_SHARES.values())  # the forward-only list
+q5_quoted = sum(step_profile.SEED_COMBINED_SHARES.values())
+assert round(sum(step_profile.SEED_COMBINED_GEMMS), 3) == 0.861 and 1 - q5_fwd_gemm > q5_quoted
+q5_f, q5_fb = (step_profile.phase_shares(profile_rows, ph) for ph in (("forward",),
+                                                                       ("forward", "backward")))
+q5_class = max((c for c in q5_f if c != "matmul"), key=lambda c: abs(q5_f[c] - q5_fb[c]))
+for name, value in {"q5_fwd_other": 100 * (1 - q5_fwd_gemm), "q5_quoted": 100 * q5_quoted,
+                    "q5_gemms": 100 * sum(step_profile.SEED_COMBINED_GEMMS), "q5_class": q5_class,
+                    "q5_f": 100 * q5_f[q5_class], "q5_fb": 100 * q5_fb[q5_class]}.items():
+    glue(name, value)
+
+# %% [markdown]
+# ```{dropdown} Answer
+# The shares come from the forward + backward list (the seed says so itself): its GEMMs add up to
+# {glue:text}`q5_gemms:.1f`%, and the four kernels it quotes to {glue:text}`q5_quoted:.1f`%, shares
+# of a step whose backward runs kernels of its own. The forward-only list leaves
+# {glue:text}`q5_fwd_other:.0f`% for everything
+# but its two GEMMs, and names none of it: the answer needs the forward's own range
+# (`nsys stats` filtered to the forward's NVTX range, or `step_profile.phase_shares(rows,
+# ("forward",))`). In this chapter's profile the class that moves most between the two is
+# {glue:text}`q5_class`: {glue:text}`q5_f:.1f`% of the forward's op time, against
+# {glue:text}`q5_fb:.1f`% of forward + backward.
+# ```
+#
 # ## Summary
 #
 # - Warm up, synchronize, take the median and p20–p80 of many samples, and measure the ceilings in
@@ -672,7 +715,8 @@ print(f"checked: {whose} timer gives {q4 * 1e3:.3g} ms, as bench.benchmark does"
 # - Predicted step time: $3F_\text{fwd}/P + 28N/\beta$; the seed's small model's forward took
 #   {glue:text}`seed_small_over:.1f` times its time at the fp32 peak at 128 tokens (the overhead
 #   regime), and its backward cost less than twice its forward.
-# - An fp32 run on an A100 reaches the fp32 CUDA-core peak at best, not TF32's.
+# - An fp32 run on an A100 reaches the fp32 CUDA-core peak at best, not TF32's, unless
+#   `torch.set_float32_matmul_precision("high")` lets its matmuls run in TF32: say which.
 # - A trace shows the overhead regime as gaps between kernels: the host's calls set the pace.
 # - Matmuls are almost all the FLOPs; memory-bound ops such as normalization take a share of the
 #   time out of proportion to theirs (He; here: {glue:text}`profile_normalization`). One attention

@@ -69,7 +69,8 @@ MIB, GIB = 2**20, 2**30
 # Napkin math (nothing measured): the question's set-up (the seed's DDP run), and the examples
 PRESET, WORLD = "xl", 2
 XL_BATCH, XL_SEQ = 4, 512  # per GPU
-SEED_GPU = hardware.A100_80GB_SXM  # the seed's GPUs are of the Ampere generation
+SEED_GPU = hardware.A100_80GB_SXM  # inferred: the seed says "Ampere" (ddp_step_seed.seed_gpu)
+CLUSTER, CROSS_NODES = hardware.get_cluster("dgx-h100"), 16  # the step across nodes
 FAST = hardware.H100_SXM  # the same step in bf16 on H100s: where the bucket size matters
 LINK_KEYS = ("nvlink3", "nvlink4", "pcie4", "ib-hdr")
 BUCKET_CAPS_MIB = (0.25, 1, 4, 16, 25, 64, 256, 1_024, 4_096)
@@ -162,7 +163,12 @@ allreduce_bench.third_party_table(ar_rows)
 # %% [markdown]
 # (*: the 6-rank block lost its header; its size is the one that reproduces its bandwidth.) Read
 # with the model: {glue:text}`ar_verdict`. The fit follows their four sizes within
-# {glue:text}`seed_fit_err:.0f`%. The seed's one-pager quotes NVLink as "600 GB/s (bidirectional)":
+# {glue:text}`seed_fit_err:.0f`%. The seed names only the Ampere generation; that their GPUs
+# are A100 80 GB SXMs is this book's inference: their bus bandwidth of
+# {glue:text}`seed_busbw_gb:.0f` GB/s is far above PCIe Gen4's {glue:text}`pcie4_gb:.0f` GB/s per
+# direction, so NVLink (an SXM part), and their `xl` step's fp32 AdamW states and fp32
+# activations need {glue:text}`seed_need_gb:.1f` GB, more than the 40 GB part holds. The seed's
+# one-pager quotes NVLink as "600 GB/s (bidirectional)":
 # {glue:text}`nvlink3_both:.0f` GB/s is both directions together. In a ring each GPU sends to one
 # neighbour while it receives from the other, each direction carrying its own traffic, so the spec
 # to compare with is the per-direction {glue:text}`nvlink3_gb:.0f` GB/s.
@@ -200,11 +206,10 @@ xl_sizes = ddp_step_seed.grad_bytes(PRESET)  # fp32 gradients, from the model on
 grad_bytes = sum(xl_sizes)
 assert n_params == third_party.CS336_STUDENT_DDP_PARAMS and grad_bytes == 4 * n_params
 assert abs(grad_bytes / MIB - third_party.CS336_STUDENT_DDP_CLAIMED_MB) < 0.01  # "MB" = MiB
-glue("q_params_b", n_params / 1e9)
-glue("q_grad_gb", grad_bytes / 1e9)
-glue("q_link_ms", comms_cost.collective_cost("all_reduce", grad_bytes, WORLD).bus_bytes
-     / nvlink3.bytes_per_s * 1e3)
-glue("xl_tensors", len(xl_sizes))
+for name, value in {"q_params_b": n_params / 1e9, "q_grad_gb": grad_bytes / 1e9, "q_link_ms": 1e3
+                    * comms_cost.collective_cost("all_reduce", grad_bytes, WORLD).bus_bytes
+                    / nvlink3.bytes_per_s, "xl_tensors": len(xl_sizes)}.items():
+    glue(name, value)
 ddp_step_seed.link_table(xl_sizes, LINK_KEYS, alpha_s=seed_fit.alpha_s, world=WORLD)
 
 # %% [markdown]
@@ -217,8 +222,8 @@ ddp_step_seed.link_table(xl_sizes, LINK_KEYS, alpha_s=seed_fit.alpha_s, world=WO
 # %% tags=["hide-input"]
 xl_rows = ddp_step_seed.third_party_rows()
 overlap_run = xl_rows[0]  # a run whose mode was not printed: overlapped
-glue("ddp_source", third_party.SOURCE_CS336_STUDENT_DDP)
-for name, value in ddp_step_seed.third_party_numbers(xl_rows).items():  # each checked there
+for name, value in {**ddp_step_seed.third_party_numbers(xl_rows), **ddp_step_seed.seed_gpu(),
+                    "ddp_source": third_party.SOURCE_CS336_STUDENT_DDP}.items():  # checked there
     glue(name, value)
 ddp_step_seed.third_party_table(xl_rows)
 
@@ -229,11 +234,18 @@ ddp_step_seed.third_party_table(xl_rows)
 # `--ddp-mode naive`, its banner says "Naive Sync", and it communicated for
 # {glue:text}`xl_flat_ms:.1f` ms, the naive run's time to 0.1%, where one all-reduce would have
 # taken {glue:text}`xl_pred_flat_ms:.1f` ms. The two runs whose mode was not printed are overlapped
-# ones: {glue:text}`xl_overlap_ms:.1f` ms left after the backward, so
-# {glue:text}`xl_hidden_ms:.0f` ms were hidden. The model leaves only the last bucket's all-reduce,
-# {glue:text}`xl_tail_ms:.2f` ms (the embedding's gradient, ready last); it does not know that NCCL
+# ones: {glue:text}`xl_overlap_ms:.1f` and {glue:text}`xl_overlap_lo_ms:.1f` ms left after the
+# backward, so {glue:text}`xl_hidden_ms:.0f` ms ({glue:text}`xl_hidden_pct:.0f`%) were hidden.
+# The model leaves only the last bucket's all-reduce, {glue:text}`xl_tail_ms:.2f` ms (the
+# embedding's gradient, ready last): the runs left {glue:text}`xl_overlap_x:.0f`× that, a miss the
+# model does not explain. Not by the bucket size: with 1,000 MB buckets, the largest size the
+# assignment tries, the model leaves {glue:text}`xl_gb_cap_ms:.2f` ms, and
+# {glue:text}`xl_overlap_ms:.1f` ms is the time of one all-reduce of
+# {glue:text}`xl_alone_mib:,.0f` MiB alone. The likely cause is what the model leaves out: NCCL
 # runs its reductions on the same SMs as the backward, whose time grew by
-# {glue:text}`xl_slower_bwd_ms:.1f` ms. The step still got {glue:text}`xl_saved_ms:.0f` ms shorter.
+# {glue:text}`xl_slower_bwd_ms:.1f` ms, so the all-reduces that share the GPU with it run slower
+# than the fit measured them alone; the seed's timings cannot say more. The step still got
+# {glue:text}`xl_saved_ms:.0f` ms shorter.
 #
 # ### How large should a bucket be?
 #
@@ -241,8 +253,9 @@ ddp_step_seed.third_party_table(xl_rows)
 # bucket's all-reduce cannot start before the backward ends, and it is longer for a larger bucket.
 # The **queue**: the all-reduces run one after another from the moment the first bucket is full, so
 # they end no earlier than first-ready + their total time, and small buckets pay α many times. The
-# exposed time is at least the larger of the two (equal to it for equal buckets). On the seed's
-# A100s their backward of {glue:text}`xl_bwd_ms:.0f` ms hides everything but the tail. The same step
+# exposed time is at least the larger of the two (equal to it for equal buckets). In the model,
+# the seed's backward of {glue:text}`xl_bwd_ms:.0f` ms would hide everything but the tail; their
+# runs hid {glue:text}`xl_hidden_pct:.0f`% (above). The same step
 # in bf16 on two H100s (NVLink 4, a backward at the bf16 peak, the seed's α) is another matter.
 # Here is its schedule for three choices: the schedule behind `buckets.overlap_exposed_s`, written
 # out bucket by bucket (`buckets.overlap_schedule`):
@@ -294,13 +307,70 @@ plt.show()
 # backward, the queue rules, and no cap leaves less than {glue:text}`pcie_best_ms:.0f` ms: on a slow
 # link, send fewer bytes (accumulation) or shard.
 #
+# ### The data-parallel roofline
+#
+# Whether the backward can hide the all-reduce at all is set before any bucket is chosen. Per
+# token the backward does {glue:text}`roof_per_token_n:.2f`$N$ FLOPs (twice the forward's
+# matmuls), and each rank sends $2\frac{n-1}{n} \cdot 2N$ bytes of bf16 gradients per step
+# whatever the batch. The backward hides them when its FLOPs per byte sent reach $C/W$, the GPU's
+# FLOP/s over the link's bytes/s: when the tokens per GPU reach about $\frac{n-1}{n}\,C/W$, the
+# Scaling Book's condition for pure data parallelism, $B/X > C/W$ {cite}`austin2025scaling`. For
+# the step above (`ddp_step_seed.dp_roofline`, which asserts that its verdict on two GPUs is the
+# bucket sweep's queue bound):
+
+# %% tags=["hide-input"]
+roof, roof_table = ddp_step_seed.dp_roofline(fast, FAST, XL_BATCH, XL_SEQ, CLUSTER)
+cross, cross_table = ddp_step_seed.cross_node(sum(sizes), CLUSTER, CROSS_NODES,
+                                              alpha_s=seed_fit.alpha_s)  # the next section's
+for name, value in {**roof, **cross}.items():
+    glue(name, value)
+roof_table
+
+# %% [markdown]
+# Over NVLink 4 ($C/W$ = {glue:text}`roof_ridge_0:,.0f` FLOP per byte) the
+# {glue:text}`roof_tokens:,` tokens per GPU pass the {glue:text}`roof_critical_0:,.0f` needed: the
+# buckets only have to keep pace, and the tail is all that is left. Over PCIe Gen5 ($C/W$ =
+# {glue:text}`roof_ridge_1:,.0f`) {glue:text}`roof_critical_1:,.0f` are needed: no bucket size
+# helps, and the queue bound is the roofline's gap. Across two whole nodes it takes
+# {glue:text}`roof_critical_2:,.0f`, just more than this batch; with one GPU per node,
+# {glue:text}`roof_critical_3:,.0f`. More tokens per GPU per optimizer step (a larger batch, or
+# accumulation, below) raise the FLOPs per byte; sharding does not lower the bytes (ZeRO, below).
+#
+# ### Across nodes: a ring per port, two levels, and the switch
+#
+# A ring that leaves a node does not squeeze through one GPU's port. NCCL builds one ring per
+# port, each carrying a share of the message and leaving the node through another GPU's NIC, so a
+# group of whole DGX H100 nodes crosses at the node's egress, 8 × 50 = 400 GB/s, close to
+# NVLink's 450; the Scaling Book costs cross-node collectives this way {cite}`austin2025scaling`.
+# Only a group with one GPU per node (data parallelism across nodes, tensor parallelism inside)
+# gets a single port (`hardware.Cluster.ring_link`). Two refinements go further. A
+# **hierarchical** all-reduce reduce-scatters inside each node over NVLink, all-reduces each GPU's
+# eighth across the nodes on its own port, and all-gathers inside the node: pipelined chunk by
+# chunk, it moves bytes at the rings' rate in far fewer latency steps. **In-network reduction**
+# (NVIDIA's SHARP switches) adds the shards in the switches: each GPU sends its eighth once and
+# receives the sum once, instead of $2\frac{N-1}{N}$ times. The `xl` bf16 gradients
+# ({glue:text}`cn_gb:.1f` GB) over {glue:text}`cn_nodes` nodes ({glue:text}`cn_gpus` H100s), with
+# the seed's α per step (`accounting.comms.hierarchical_all_reduce_s`):
+
+# %% tags=["hide-input"]
+cross_table
+
+# %% [markdown]
+# Costed at one port per GPU, as if the ring squeezed through one NIC, the all-reduce would take
+# {glue:text}`cn_port_ms:.0f` ms; one ring per port takes {glue:text}`cn_egress_ms:.1f` ms, of
+# {glue:text}`cn_steps_flat` latency steps. The two levels take {glue:text}`cn_two_ms:.1f` ms in
+# {glue:text}`cn_steps_two` steps with their phases pipelined ({glue:text}`cn_two_sum_ms:.0f` ms
+# one after another), and with the switches summing, {glue:text}`cn_sharp_ms:.1f` ms: NVLink's
+# phases are then the slowest.
+#
 # ### Gradient accumulation
 #
 # $K$ micro-batches per optimizer step, their gradients summed in `.grad`: with the all-reduce
 # skipped on all but the last (`no_sync`), the communication per optimizer step is one all-reduce
 # whatever $K$ is. The seed's one-pager lists "higher memory (store accumulated grads)" as its
-# price. The `.grad` buffers exist with or without accumulation; what changes is the activations,
-# saved for one micro-batch at a time (`xl`, {glue:text}`acc_batch` sequences per GPU):
+# price. With replicated gradients (DDP, ZeRO-1) the `.grad` buffers exist with or without
+# accumulation; what changes is the activations, saved for one micro-batch at a time (`xl`,
+# {glue:text}`acc_batch` sequences per GPU, in fp32 with naive attention, as the seed ran it):
 
 # %% tags=["hide-input"]
 saved_k = {k: activations.saved_bytes(cfg, XL_BATCH // k, XL_SEQ).total_bytes
@@ -309,13 +379,19 @@ sent_k = {(k, s): comms_cost.accumulation_sent_bytes(grad_bytes, WORLD, k, sync_
           for k in MICRO_BATCHES for s in (False, True)}
 assert len({sent_k[k, False] for k in MICRO_BATCHES}) == 1  # one all-reduce whatever K is
 assert saved_k[1] > 0.99 * MICRO_BATCHES[-1] * saved_k[MICRO_BATCHES[-1]]
-glue("acc_batch", XL_BATCH)
 Table(["micro-batches K", "sent per optimizer step, no_sync (GB)", "syncing each (GB)",
-       "gradient buffers (GB)", "saved activations (GB)"],
+       "gradient buffers, fp32 (GB)", "saved activations, fp32 (GB)"],
       [[k, num(sent_k[k, False] / 1e9), num(sent_k[k, True] / 1e9), num(grad_bytes / 1e9),
         num(saved_k[k] / 1e9)] for k in MICRO_BATCHES])
 
 # %% [markdown]
+# With sharded gradients the seed is right. ZeRO-2 and FSDP hold $1/n$ of the gradients only
+# because every backward reduce-scatters them; under `no_sync` each rank keeps the whole gradient
+# until the last micro-batch ($4\Psi$ in fp32, not $4\Psi/n$): for `xl` in bf16 on
+# {glue:text}`zero_ranks` GPUs, {glue:text}`z0_grads_gb:.1f` GB per GPU instead of ZeRO-2's
+# {glue:text}`z2_grads_gb:.2f` GB (PyTorch's FSDP documents the same of its `no_sync`). The
+# alternative is a reduce-scatter per micro-batch: $K$ times the gradient traffic.
+#
 # ### ZeRO: what each rank holds and sends
 #
 # Data parallelism replicates weights, gradients and optimizer state on every rank. ZeRO stage 1
@@ -323,7 +399,8 @@ Table(["micro-batches K", "sent per optimizer step, no_sync (GB)", "syncing each
 # too, stage 3 the weights too (`accounting.zero`). For the seed's run (fp32 AdamW, 16 bytes per
 # parameter, 2 GPUs) and for the `xl` preset on {glue:text}`zero_ranks` GPUs with mixed-precision
 # AdamW, per GPU, with the bf16 activations of {glue:text}`acc_batch` × {glue:text}`xl_seq` tokens
-# (SDPA attention), which no stage shards:
+# (SDPA attention), which no stage shards (the same tokens in fp32 with naive attention saved
+# {glue:text}`acc_fp32_gb:.1f` GB, above):
 
 # %% tags=["hide-input"]
 seed_states = {s: zero_cost.zero_memory_bytes(n_params, WORLD, s, "fp32_adamw")
@@ -336,8 +413,10 @@ states = {s: sum(where[s].values()) for s in zero_cost.STAGES}
 assert math.isclose(states[3], 16 * n_params / ZERO_RANKS)
 for name, value in {"q_given_back_gb": (seed_states[0] - seed_states[1]) / 1e9,
                     "seed_stage0_gb": seed_states[0] / 1e9, "zero_ranks": ZERO_RANKS,
-                    "xl_seq": XL_SEQ, "zero8_s0_gb": (states[0] + acts) / 1e9,
-                    "zero8_s3_gb": (states[3] + acts) / 1e9, "acts_gb": acts / 1e9}.items():
+                    "xl_seq": XL_SEQ, "acc_batch": XL_BATCH, "acts_gb": acts / 1e9,
+                    "zero8_s0_gb": (states[0] + acts) / 1e9, "acc_fp32_gb": saved_k[1] / 1e9,
+                    "zero8_s3_gb": (states[3] + acts) / 1e9,
+                    **{f"z{s}_grads_gb": where[s]["grads"] / 1e9 for s in (0, 2)}}.items():
     glue(name, value)
 Table(["stage", "2 GPUs, fp32 AdamW (GB)", f"{ZERO_RANKS} GPUs: model states (GB)",
        "+ activations (GB)"], [[s, num(seed_states[s] / 1e9), num(states[s] / 1e9),
@@ -446,23 +525,24 @@ step_rows = ddp_step.run(STEP)
 for name, text in ddp_step.verdicts(step_rows).items():
     glue(f"step_{name}", text)
 glue("step_torch_target", ddp_step.torch_target(step_rows))
-for key in ("world_size", "preset", "batch", "seq"):
-    glue(f"step_{key.removesuffix('_size')}", ddp_step.setup(step_rows)[key])
+for key in ("world_size", "preset", "batch", "seq", "bucket_mb"):
+    glue(f"step_{key.removesuffix('_size')}", ddp_step.setup(step_rows).get(key, 25.0))
 ddp_step.table(step_rows)
 
 # %% tags=["remove-input"]
 kit.draw(ddp_step.plot, step_rows, width=8.0, height=3.8)
 
 # %% [markdown]
-# The breakdown: {glue:text}`step_breakdown`. Flat against naive: {glue:text}`step_flat`. With
-# overlap: {glue:text}`step_overlap`. On a CPU the overlap is limited: gloo's reductions run on the
-# same few cores as the backward.
+# The breakdown: {glue:text}`step_breakdown`. Against the model: {glue:text}`step_miss`. Flat
+# against naive: {glue:text}`step_flat`. With overlap: {glue:text}`step_overlap`. On a CPU the
+# overlap is limited: gloo's reductions run on the same few cores as the backward.
 #
 # ### Buckets, PyTorch's DDP, accumulation and ZeRO, measured
 #
 # The same launch sweeps the bucket cap (the exposed communication measured, and modelled with this
 # run's α and β), runs our bucketed DDP and `torch.nn.parallel.DistributedDataParallel`
-# alternately step by step (the same 25 MiB buckets and weights), accumulates gradients over
+# alternately step by step (the same {glue:text}`step_bucket_mb` MiB buckets, chosen to make
+# several, and the same weights), accumulates gradients over
 # micro-batches, and takes a step of ZeRO stages 0–2, reading what each rank holds from its
 # tensors:
 
@@ -499,10 +579,12 @@ missing = glue("missing_records", experiments.show_records(("allreduce_bench", "
 # ```{admonition} Takeaway
 # :class: tip
 # A ring all-reduce sends $2\frac{n-1}{n}M$ per rank in $2(n-1)$ steps of latency α. The `xl`
-# gradients' {glue:text}`xl_tensors` all-reduces on the seed's two A100s: predicted
-# {glue:text}`xl_pred_naive_ms:.1f` ms from the bytes and their α-β fit, measured
-# {glue:text}`xl_naive_ms:.1f` ms ({glue:text}`xl_naive_share:.1f`% of the step); bucketed, all
-# but the last bucket can hide behind their backward. Sharding the optimizer state
+# gradients' {glue:text}`xl_tensors` all-reduces on the seed's two Ampere GPUs (A100s, by
+# inference): predicted {glue:text}`xl_pred_naive_ms:.1f` ms from the bytes and their α-β fit,
+# measured {glue:text}`xl_naive_ms:.1f` ms ({glue:text}`xl_naive_share:.1f`% of the step).
+# Overlapped, the model hides all but the last bucket; their runs hid
+# {glue:text}`xl_hidden_pct:.0f`%. The backward hides the all-reduce only above about $C/W$ tokens
+# per GPU; across whole nodes the rings run at the node's egress. Sharding the optimizer state
 # (ZeRO-1) gives back {glue:text}`q_given_back_gb:.1f` GB per GPU for the same traffic.
 # ```
 #
@@ -513,27 +595,29 @@ missing = glue("missing_records", experiments.show_records(("allreduce_bench", "
 # The `xl` preset, mixed-precision AdamW, bf16 gradients and weights on the wire. (a) What does
 # each GPU hold in model states at stages 0–3 on 8 GPUs? (b) How many bytes does each GPU send per
 # step at each stage? (c) With (b)'s stage-0 bytes, how long does the all-reduce take, bandwidth
-# term only, in one DGX H100 node (8 GPUs), and across two (16)? (d) With (a)'s bytes per
+# term only, in one DGX H100 node (8 GPUs), across two whole nodes (16), and over 16 GPUs in 16
+# nodes, one GPU in each? (d) With (a)'s bytes per
 # parameter, what is the largest model whose model states fit in 8 H100s at each stage
 # (activations aside)?
 
 # %% tags=["hide-cell"]
-dgx, n8 = hardware.get_cluster("dgx-h100"), ZERO_RANKS
+dgx, n8 = CLUSTER, ZERO_RANKS
 q1_mem = {s: zero_cost.zero_memory_bytes(n_params, n8, s, RECIPE) for s in zero_cost.STAGES}
 q1_sent = {s: sum(zero_cost.zero_sent_bytes(n_params, n8, s, grad_dtype="bf16",
                                     param_dtype="bf16").values()) for s in zero_cost.STAGES}
-q1_t = {n: comms_cost.collective_cost("all_reduce", 2 * n_params, n).bus_bytes  # bf16 gradients
-        / dgx.ring_link(n).bytes_per_s for n in (dgx.per_node, 2 * dgx.per_node)}
+q1_link = {"t8": (8, dgx.ring_link(8)), "t16": (16, dgx.ring_link(16)),  # whole nodes
+           "t1": (16, dgx.ring_link(16, stride=dgx.per_node))}  # one GPU in each of 16 nodes
+q1_t = {k: comms_cost.collective_cost("all_reduce", 2 * n_params, n).bus_bytes  # bf16 gradients
+        / link.bytes_per_s for k, (n, link) in q1_link.items()}
 q1_max = {s: math.floor(FAST.hbm_bytes / zero_cost.zero_memory_bytes(1, n8, s, RECIPE))
           for s in zero_cost.STAGES}
 assert q1_max[3] == memory.max_trainable_params(n8, FAST.hbm_bytes, RECIPE)  # 16 B/param / n
-assert q1_t[16] > 8 * q1_t[8] and q1_sent[3] == 1.5 * q1_sent[0]
-assert math.isclose(q1_t[8], q1_sent[0] / dgx.ring_link(8).bytes_per_s)  # (c) from (b)
-glue("q1_t8", q1_t[8] * 1e3)
-glue("q1_t16", q1_t[16] * 1e3)
-glue("q1_nvlink_gb", dgx.ring_link(8).bytes_per_s / 1e9)
-glue("q1_ib_gb", dgx.ring_link(16).bytes_per_s / 1e9)
-glue("q1_ib", dgx.ring_link(16).name)
+assert q1_t["t8"] < q1_t["t16"] < 1.3 * q1_t["t8"] and math.isclose(q1_t["t1"], 8 * q1_t["t16"])
+assert q1_sent[3] == 1.5 * q1_sent[0]
+assert math.isclose(q1_sent[0], q1_t["t8"] * dgx.intra_node.bytes_per_s)  # (c) from (b)
+for k, (_, link) in q1_link.items():
+    glue(f"q1_{k}", q1_t[k] * 1e3)
+    glue(f"q1_{k}_gb", link.bytes_per_s / 1e9)
 for s in zero_cost.STAGES:
     glue(f"q1_mem_{s}", q1_mem[s] / 1e9)
     glue(f"q1_sent_{s}", q1_sent[s] / 1e9)
@@ -549,9 +633,13 @@ for s in zero_cost.STAGES:
 # {glue:text}`q1_sent_0:.2f` GB ({glue:text}`q1_sent_1:.2f` and {glue:text}`q1_sent_2:.2f` GB at
 # stages 1 and 2); stage 3 gathers the weights twice and reduce-scatters once,
 # {glue:text}`q1_sent_3:.2f` GB.
-# (c) (b)'s {glue:text}`q1_sent_0:.2f` GB at NVLink 4's {glue:text}`q1_nvlink_gb:.0f` GB/s per
-# direction: {glue:text}`q1_t8:.1f` ms. Across two nodes the ring crosses the slowest link,
-# {glue:text}`q1_ib` at {glue:text}`q1_ib_gb:.0f` GB/s: {glue:text}`q1_t16:.0f` ms.
+# (c) (b)'s {glue:text}`q1_sent_0:.2f` GB at NVLink 4's {glue:text}`q1_t8_gb:.0f` GB/s per
+# direction: {glue:text}`q1_t8:.1f` ms. Across two whole nodes a rank sends $2\cdot\frac{15}{16}M$,
+# and the rings leave each node through all 8 ports, one ring per port: the node's egress,
+# {glue:text}`q1_t16_gb:.0f` GB/s, {glue:text}`q1_t16:.1f` ms, hardly more than inside one node.
+# With one GPU in each of 16 nodes every ring hop crosses on that GPU's one port,
+# {glue:text}`q1_t1_gb:.0f` GB/s: {glue:text}`q1_t1:.0f` ms, 8× longer. That is also what
+# costing two whole nodes at a single port would wrongly give.
 # (d) 8 × 80 GB divided by (a)'s bytes per parameter: {glue:text}`q1_max_0:.1f`,
 # {glue:text}`q1_max_1:.1f`, {glue:text}`q1_max_2:.1f` and {glue:text}`q1_max_3:.1f` billion
 # parameters. Only stage 3 grows with the number of GPUs without bound.
@@ -661,13 +749,12 @@ q4_holds = q4_trace.steps[DIAGRAM_RANKS - 1].holds  # before the first all-gathe
 q4_done = {r: c for r in range(DIAGRAM_RANKS) for c in range(DIAGRAM_RANKS)
            if len(q4_holds[r][c]) == DIAGRAM_RANKS}
 q4_rs, q4_ar = (comms_cost.collective_cost(c, GIB, 8) for c in ("reduce_scatter", "all_reduce"))
-glue("q4_rank2", q4_done[2])
-glue("q4_chunk0", q4_done[DIAGRAM_RANKS - 1])
-glue("q4_rs_mib", q4_rs.sent_bytes / MIB)
-glue("q4_ar_mib", q4_ar.sent_bytes / MIB)
-glue("q4_steps", q4_ar.steps)
-glue("q4_latency_us", q4_ar.steps * seed_fit.alpha_s * 1e6)
-glue("q4_latency_share", 100 * q4_ar.steps * seed_fit.alpha_s / comms_cost.time_s(q4_ar, **ab))
+for name, value in {"q4_rank2": q4_done[2], "q4_chunk0": q4_done[DIAGRAM_RANKS - 1],
+                    "q4_rs_mib": q4_rs.sent_bytes / MIB, "q4_ar_mib": q4_ar.sent_bytes / MIB,
+                    "q4_steps": q4_ar.steps, "q4_latency_us": q4_ar.steps * seed_fit.alpha_s * 1e6,
+                    "q4_latency_share": 100 * q4_ar.steps * seed_fit.alpha_s
+                    / comms_cost.time_s(q4_ar, **ab)}.items():
+    glue(name, value)
 assert q4_done[2] == 3 and q4_done[DIAGRAM_RANKS - 1] == 0  # chunk r + 1 on rank r
 assert q4_ar.sent_bytes == 2 * q4_rs.sent_bytes == 2 * 7 / 8 * GIB and q4_ar.steps == 14
 
@@ -693,6 +780,10 @@ assert q4_ar.sent_bytes == 2 * q4_rs.sent_bytes == 2 * 7 / 8 * GIB and q4_ar.ste
 #   {glue:text}`xl_naive_ms:.1f` ms measured), and its "flat" run was the naive one.
 # - Bucketed overlap leaves at least the larger of the tail (the last bucket) and the queue
 #   (latencies and bytes beyond the backward); the best bucket size balances them.
-# - Accumulation with `no_sync` sends one all-reduce per optimizer step and cuts activations, not
-#   gradient memory.
+# - Accumulation with `no_sync` sends one all-reduce per optimizer step and cuts activations; with
+#   replicated gradients it costs no gradient memory, while ZeRO-2 and FSDP keep whole gradients
+#   under `no_sync`.
+# - The backward hides data parallelism's all-reduce only above about $C/W$ tokens per GPU; rings
+#   across whole nodes run at the node's egress, hierarchy saves latency steps, and in-network
+#   reduction nearly halves the bytes that cross.
 # - ZeRO stages 1 and 2 send what data parallelism sends and hold less; stage 3 sends 1.5×.

@@ -53,10 +53,10 @@ from mlsys import book, experiments, hardware, plotting, tables
 from mlsys.accounting import comms, memory, parallel, parallel_traffic, pipeline, planner
 from mlsys.accounting import compute_bound as CB
 from mlsys.accounting.flops import transformer_flops
-from mlsys.accounting.pipeline import bubble_fraction
-from mlsys.book import Table, glue, num
+from mlsys.accounting.params import count_params
+from mlsys.book import Table, glue
 from mlsys.diagrams import parallel as diagrams
-from mlsys.distributed import check
+from mlsys.distributed import check, cp
 from mlsys.experiments import parallel_step
 from mlsys.models.config import TransformerConfig
 
@@ -65,6 +65,8 @@ from mlsys.models.config import TransformerConfig
 XXL, TPU, GPU = parallel.XXL, hardware.TPU_V5P, hardware.H100_SXM
 LINK = hardware.LINKS["ici-v5p-axis"]  # W_ici: one mesh axis, both directions
 X_FSDP, Y_TP, M_X, M_Y = 16, 4, 2, 1
+TORUS = (4, 4, 4)  # the 64 chips of part (c): a 4 x 4 x 4 slice, X along the first axes
+SPLITS = ((16, 4, 1), (8, 8, 1), (4, 16, 1), (2, 32, 1), (16, 4, 0.5))  # (X, Y, gathered bytes)
 TOKENS_PER_DEVICE = (0, 512, 1_024, 2_048, 4_096, 8_192)  # part (b): the seed gives no batch
 PLAN_PRESET, PLAN_CLUSTER, PLAN_DEVICES, PLAN_BATCH, PLAN_SEQ = "2.7B", "dgx-h100", 64, 256, 4_096
 PLAN_EFFICIENCY = 0.5  # the planner's examples: assumed share of the peak the kernels reach
@@ -130,19 +132,10 @@ for name, value in {"xxl_blocks": XXL.n_layers, "xxl_d": f"{XXL.d_model:,}",
 
 # %% tags=["hide-input"]
 glue("tpu_gb", TPU.hbm_bytes / 1e9)
-fit_rows = []
-for t in TOKENS_PER_DEVICE:
-    try:
-        n = parallel.min_shards_to_fit(TPU.hbm_bytes, states, per_token * t,
-                                activation_shard_fraction=0.5)
-        m = states / n + per_token * t * (0.5 + 0.5 / n)
-        assert m <= TPU.hbm_bytes < states / (n - 1) + per_token * t * (0.5 + 0.5 / (n - 1))
-        fit_rows.append([f"{t:,}", n, num(m / 1e9)])
-    except ValueError:
-        fit_rows.append([f"{t:,}", "never", "-"])
-glue("b_n0", fit_rows[0][1])
+fits = parallel_step.fsdp_fit_table(TPU.hbm_bytes, states, per_token, TOKENS_PER_DEVICE)
+glue("b_n0", fits.rows[0][1])
 glue("b_never", 2 * TPU.hbm_bytes / per_token)  # the unsharded half alone fills the device
-Table(["tokens per device", "smallest N_FSDP", "memory per device (GB)"], fit_rows)
+fits
 
 # %% [markdown]
 # Without activations $N_\text{FSDP} \ge$ {glue:text}`b_n0`; every token added raises it, and from
@@ -157,70 +150,77 @@ Table(["tokens per device", "smallest N_FSDP", "memory per device (GB)"], fit_ro
 # $$ T_\text{math} = \frac{4BDF}{NC}, \qquad T_\text{FSDP} = \frac{4DF}{Y W M_X}, \qquad
 #    T_\text{TP} = \frac{4BD}{X W M_Y}. $$
 #
-# Compute hides both when $B/N > \alpha/(Y M_X)$ with $\alpha = C/W$ (FSDP's condition) and
-# $F M_Y > Y\alpha$ (TP's, whatever the batch):
+# The Scaling Book (its Training section, "Mixed FSDP and Tensor Parallelism") overlaps compute
+# with the communication and *adds* the two communications: the layer is compute-bound when
+# $T_\text{FSDP} + T_\text{TP} < T_\text{math}$. With $\alpha = C/W$, for a given $X$ and $Y$:
+#
+# $$ \frac{B}{N} > \frac{\alpha}{Y M_X} \cdot \frac{1}{1 - Y\alpha/(F M_Y)}, \qquad
+#    F M_Y > Y\alpha . $$
+#
+# If the two also overlapped each other (each on its own links), only the larger would count,
+# $\max(T_\text{FSDP}, T_\text{TP}) < T_\text{math}$, and the first factor alone remains. The
+# answer uses the Book's sum, and shows the other beside it:
 
 # %%
 C, W = TPU.peak_flop_per_s("bf16"), LINK.bytes_per_s
 alpha = CB.ici_intensity(C, W)
-per_device = CB.compute_bound_batch(XXL.d_ff, x=X_FSDP, y=Y_TP, flop_per_s=C,
-                                    link_bytes_per_s=W, m_x=M_X, m_y=M_Y)
+cw = dict(flop_per_s=C, link_bytes_per_s=W, m_x=M_X, m_y=M_Y)
+kw = dict(x=X_FSDP, y=Y_TP, **cw)
+per_device = CB.compute_bound_batch(XXL.d_ff, **kw)  # the Book's sum
+overlapped = CB.compute_bound_batch(XXL.d_ff, model="max", **kw)
 global_batch = per_device * X_FSDP * Y_TP
-closed = CB.optimal_compute_bound_batch(XXL.d_ff, flop_per_s=C, link_bytes_per_s=W, m_x=M_X,
-                                        m_y=M_Y)
-assert math.isclose(per_device, alpha / (Y_TP * M_X)) and XXL.d_ff * M_Y > Y_TP * alpha
-at = CB.layer_times(global_batch, XXL.d_model, XXL.d_ff, x=X_FSDP, y=Y_TP, flop_per_s=C,
-                    link_bytes_per_s=W, m_x=M_X, m_y=M_Y)
-assert math.isclose(at.math_s, at.fsdp_s) and at.tp_s < at.fsdp_s  # the boundary, FSDP-limited
+at = CB.layer_times(global_batch, XXL.d_model, XXL.d_ff, **kw)
+assert math.isclose(at.math_s, at.fsdp_s + at.tp_s) and overlapped < per_device  # the boundary
+assert CB.torus_axes(X_FSDP, Y_TP, TORUS) == (M_X, M_Y)  # the question's M: the axes spanned
 
 # %% tags=["remove-cell"]
-for name, value in {"c_tflops": C / 1e12, "w_gbps": W / 1e9, "alpha": alpha,
-                    "c_per_device": per_device, "c_global": global_batch,
-                    "c_rounded": CB.compute_bound_batch(  # with the question's rounded C
-                        XXL.d_ff, x=X_FSDP, y=Y_TP, flop_per_s=float(f"{C:.2g}"),
-                        link_bytes_per_s=W, m_x=M_X, m_y=M_Y),
-                    "c_tp_margin": XXL.d_ff * M_Y / (Y_TP * alpha), "c_closed": closed,
-                    "x_opt": CB.optimal_fsdp_degree(global_batch, XXL.d_ff, X_FSDP * Y_TP,
-                                                    m_x=M_X, m_y=M_Y)}.items():
+closed = {m: CB.optimal_compute_bound_batch(XXL.d_ff, **cw, model=m) for m in CB.COMMS_MODELS}
+rounded = CB.compute_bound_batch(XXL.d_ff, **kw | {"flop_per_s": float(f"{C:.2g}")})  # 4.6e14
+x_opt = CB.optimal_fsdp_degree(global_batch, XXL.d_ff, X_FSDP * Y_TP, m_x=M_X, m_y=M_Y)
+for name, value in {"c_tflops": C / 1e12, "w_gbps": W / 1e9, "alpha": alpha, "c_max": overlapped,
+                    "c_per_device": per_device, "c_global": global_batch, "c_rounded": rounded,
+                    "c_tp_share": at.tp_s / at.math_s, "c_closed": closed["sum"],
+                    "c_closed_max": closed["max"], "x_opt": x_opt}.items():
     glue(name, value)
 
 # %% [markdown]
 # $C$ = {glue:text}`c_tflops:.0f` TFLOP/s and $W$ = {glue:text}`w_gbps:.0f` GB/s give $\alpha$ =
-# {glue:text}`alpha:.0f`. TP's condition holds with a margin of {glue:text}`c_tp_margin:.1f`×;
-# FSDP's asks for **{glue:text}`c_per_device:.1f` tokens per device** ({glue:text}`c_rounded:.1f`
-# with the question's rounded $C$), an overall batch of **{glue:text}`c_global:,.0f` tokens**. The
-# Scaling Book's closed form $B/N > \alpha^2/(M_X M_Y F)$ = {glue:text}`c_closed:.0f` is smaller
-# because it assumes the optimal split, $X_\text{opt}$ = {glue:text}`x_opt:.1f` at that batch, not
-# $X$ = 16.
+# {glue:text}`alpha:.0f`. TP's all-reduces take {glue:text}`c_tp_share:.0%` of the math whatever
+# the batch, and FSDP's gathers must fit in the rest: **{glue:text}`c_per_device:.0f` tokens per
+# device** ({glue:text}`c_rounded:.0f` with the question's rounded $C$), an overall batch of
+# **{glue:text}`c_global:,.0f` tokens**. Had the two overlapped each other, $\alpha/(Y M_X)$ =
+# {glue:text}`c_max:.0f` would do. The Book's closed form, $B/N > 4\alpha^2/(F M_X M_Y)$ =
+# {glue:text}`c_closed:.0f` ($2\alpha^2/F$ with $M_X$ = 2, $M_Y$ = 1, its takeaway), is smaller
+# because it holds only at the best split, $X_\text{opt}$ = {glue:text}`x_opt:.1f` at that batch,
+# not $X$ = 16 (with the max instead of the sum it would be a quarter of that,
+# {glue:text}`c_closed_max:.0f`).
 #
 # ### (d) A smaller batch at full throughput
 #
 # Every lever moves one term of the inequalities. Gradient accumulation is not among them: it splits
 # the batch in time, and each micro-batch still all-gathers the weights, so the global batch per
-# optimizer step stays the same. What each option gives, computed:
+# optimizer step stays the same. Each split of the {glue:text}`c_n` chips, with $M_X$ and $M_Y$
+# the axes of the 4 × 4 × 4 torus each group really spans (a 4-ring split 2 × 2 counts half to
+# each, `compute_bound.torus_axes`), and fp8 weight gathers, computed:
 
 # %% tags=["hide-input"]
-options = []
-for x, y in ((16, 4), (8, 8), (4, 16)):
-    b = CB.compute_bound_batch(XXL.d_ff, x=x, y=y, flop_per_s=C, link_bytes_per_s=W, m_x=M_X,
-                               m_y=M_Y)
-    options.append([f"X = {x}, Y = {y} (more TP)", "α / (Y M_X)", num(b),
-                    "-" if math.isinf(b) else f"{b * x * y:,.0f}"])
-b2 = CB.compute_bound_batch(XXL.d_ff, x=4, y=16, flop_per_s=C, link_bytes_per_s=W, m_x=M_X,
-                            m_y=2)
-options.append(["X = 4, Y = 16, TP on two axes (M_Y = 2)", "α / (Y M_X)", num(b2),
-                f"{b2 * 64:,.0f}"])
-tp_limit = XXL.d_ff * M_Y / alpha
-options.append(["fp8 weight all-gathers (half the bytes)", "α / (2 Y M_X)",
-                num(per_device / 2), f"{per_device / 2 * 64:,.0f}"])
-assert all(float(r[2]) < per_device for r in options[1:] if r[2] != "inf")
-glue("tp_limit", tp_limit)
-glue("bubble_example", bubble_fraction(8, 32))
-Table(["option", "tokens per device >", "value", "global batch (64 chips)"], options)
+splits = CB.split_thresholds(XXL.d_ff, SPLITS, flop_per_s=C, link_bytes_per_s=W, torus=TORUS)
+plain = [r for r in splits if r["gather"] == 1]
+best_split = min(plain, key=lambda r: r["sum"])
+assert plain[0]["sum"] == per_device and best_split["sum"] < per_device < plain[-1]["sum"]
+for name, value in {"d_best": f"X = {best_split['x']}, Y = {best_split['y']}",
+                    "d_best_tokens": best_split["sum"], "d_turn_share": plain[-1]["tp_share"],
+                    "d_fp8": splits[-1]["sum"],
+                    "bubble_example": pipeline.bubble_fraction(8, 32)}.items():
+    glue(name, value)
+parallel_step.split_table(XXL.d_ff, SPLITS, flop_per_s=C, link_bytes_per_s=W, torus=TORUS)
 
 # %% [markdown]
-# More TP lowers the FSDP threshold as long as $Y < F M_Y/\alpha$ = {glue:text}`tp_limit:.1f`;
-# giving TP a second mesh axis raises that limit; fp8 gathers halve $T_\text{FSDP}$. Pipeline
+# More TP shrinks FSDP's gathers ($T_\text{FSDP} \propto 1/Y$) and, on more torus axes, makes its
+# own all-reduces cheaper: {glue:text}`d_best` needs the fewest tokens,
+# {glue:text}`d_best_tokens:.0f` per device. Past it TP's share of the math grows
+# ({glue:text}`d_turn_share:.0%` at $Y$ = 32) and the threshold rises again. fp8 gathers halve
+# $T_\text{FSDP}$ ({glue:text}`d_fp8:.0f` tokens at $X$ = 16). Pipeline
 # parallelism moves activations instead of weights but pays a bubble, $(p-1)/(m+p-1)$:
 # {glue:text}`bubble_example:.1%` for $p$ = 8 stages and $m$ = 32 micro-batches. Keeping the
 # gathered weights across micro-batches (ZeRO-1/2 instead of ZeRO-3) divides FSDP's traffic by the
@@ -229,30 +229,25 @@ Table(["option", "tokens per device >", "value", "global batch (64 chips)"], opt
 #
 # ## The strategies
 #
-# What each strategy splits and sends, per device and step, for the book's `2.7B` preset at 4,096
-# tokens on 8 devices (`accounting.parallel_traffic.sent_bytes`, what `mlsys.distributed` does,
-# call for call):
+# What each strategy splits and sends, per device and step, for the book's `2.7B` preset ($N$ =
+# {glue:text}`n27_b:.2f` billion parameters, counted) at 4,096 tokens on 8 devices, everything in
+# bf16 (`accounting.parallel_traffic.sent_bytes`, what `mlsys.distributed` does, call for call):
 
 # %% tags=["hide-input"]
 cfg27 = TransformerConfig.preset(PLAN_PRESET, context_length=PLAN_SEQ)
-strategy_rows = []
-for name, (degrees, m) in {"DP (ZeRO-3 / FSDP)": (dict(dp_shard=8), 1), "TP": (dict(tp=8), 1),
-                           "PP (8 micro-batches)": (dict(pp=8), 8), "CP": (dict(cp=8), 1),
-                           "FSDP 2 x TP 4": (dict(dp_shard=2, tp=4), 1)}.items():
-    dims = parallel.ParallelDims(**degrees, world_size=8)
-    sent = parallel_traffic.sent_bytes(cfg27, dims, 0, batch=8, seq=PLAN_SEQ, microbatches=m)
-    mem = parallel.device_memory(cfg27, dims, micro_batch=8 // (dims.dp * m), seq=PLAN_SEQ,
-                          microbatches=m)
-    strategy_rows.append([name, num(mem.states / 1e9), num(mem.activations / 1e9),
-                          ", ".join(f"{k} {num(v / 1e9)}" for k, v in sent.items() if v)])
-Table(["strategy", "states per device (GB)", "activations (GB)", "sent per step (GB)"],
-      strategy_rows)
+glue("n27_b", count_params(cfg27) / 1e9)
+strategies = parallel_step.strategy_table(cfg27, {"DP (ZeRO-3 / FSDP)": (dict(dp_shard=8), 1),
+    "TP": (dict(tp=8), 1), "TP + SP": (dict(tp=8), 1, True), "CP": (dict(cp=8), 1),
+    "PP (8 micro-batches)": (dict(pp=8), 8), "FSDP 2 x TP 4": (dict(dp_shard=2, tp=4), 1)},
+    world_size=8, batch=8, seq=PLAN_SEQ)
+glue("tp_act_gb", strategies.rows[1][2]), glue("sp_act_gb", strategies.rows[2][2])
+strategies
 
 # %% [markdown]
 # Tensor parallelism splits each matrix: column-parallel first ($W_1$, $W_q$, $W_k$, $W_v$, by
-# heads), row-parallel second ($W_2$, $W_o$), so a block needs one all-reduce forward and one
-# backward. The two autograd functions that do it are each other's transpose
-# {cite}`shoeybi2019megatron`:
+# heads), row-parallel second ($W_2$, $W_o$), so each sub-layer (attention, then the MLP) needs one
+# all-reduce forward and one backward: four per transformer block. The two autograd functions that
+# do it are each other's transpose {cite}`shoeybi2019megatron`:
 #
 # ```{literalinclude} ../lib/mlsys/distributed/tp.py
 # :pyobject: _ReduceFromTP
@@ -265,7 +260,7 @@ Table(["strategy", "states per device (GB)", "activations (GB)", "sent per step 
 shards = diagrams.tp_shard_shapes(parallel.XXL, TP_DEGREE)
 for name, value in {"tp_A": "{:,} × {:,}".format(*shards["A_i"]), "tp_degree": TP_DEGREE,
                     "tp_B": "{:,} × {:,}".format(*shards["B_i"]), "tp_tokens": TP_TOKENS,
-                    "tp_mb": TP_TOKENS * XXL.d_model * 2 / 1e6}.items():  # a T x D bf16 all-reduce
+                    "tp_mb": TP_TOKENS * XXL.d_model * 2 / 1e6, "vocab": cfg27.vocab_size}.items():
     glue(name, value)
 fig = diagrams.draw_tensor_parallel(parallel.XXL, TP_DEGREE, tokens=TP_TOKENS)
 plt.show()
@@ -278,6 +273,18 @@ plt.show()
 # all-reduce of {glue:text}`tp_mb:.0f` MB (the bf16 output of {glue:text}`tp_tokens:,` tokens)
 # forward, and its mirror $f$ on the input's gradient backward.
 #
+# Between the TP regions the norms and residual adds run whole on every rank, on the same tokens.
+# *Sequence parallelism* {cite}`korthikanti2022reducing` splits them along the sequence instead:
+# each all-reduce becomes a reduce-scatter (into the sequence shards) and an all-gather (out of
+# them), the same bytes, and the norms' saved activations are divided by the TP degree:
+# {glue:text}`sp_act_gb` GB instead of {glue:text}`tp_act_gb` GB of activations per GPU in the
+# table above (TP + SP). The output head is the
+# largest matrix, $V \times D$; a *vocabulary-parallel* head splits it by rows of the vocabulary,
+# each rank computing the logits of its share of the words, and the cross-entropy
+# needs only two all-reduces of one number per token (the maximum and the sum of the
+# exponentials), not the {glue:text}`vocab:,` logits. Our TP keeps the head whole on every
+# rank, which costs it in the planner's check below.
+#
 # Pipeline parallelism runs micro-batches through stages in a schedule: GPipe runs all forwards,
 # then all backwards; 1F1B runs a few warm-up forwards, then one forward and one backward in turn.
 # Both drawn by `accounting.pipeline.pipeline_timeline` for {glue:text}`pp_stages` stages and
@@ -286,9 +293,11 @@ plt.show()
 # %% tags=["remove-input"]
 bubbles = {s: pipeline.simulated_bubble_fraction(STAGES, MICRO, s) for s in pipeline.SCHEDULES}
 held = {s: pipeline.in_flight(0, STAGES, MICRO, s) for s in pipeline.SCHEDULES}
-assert all(math.isclose(b, bubble_fraction(STAGES, MICRO)) for b in bubbles.values())
+assert all(math.isclose(b, pipeline.bubble_fraction(STAGES, MICRO)) for b in bubbles.values())
 for name, value in {"pp_stages": STAGES, "pp_micro": MICRO, "pp_bubble": bubbles["1f1b"],
-                    "pp_held_gpipe": held["gpipe"], "pp_held_1f1b": held["1f1b"]}.items():
+                    "pp_held_gpipe": held["gpipe"], "pp_held_1f1b": held["1f1b"],
+                    "pp_interleaved": pipeline.interleaved_bubble_fraction(STAGES, MICRO, 2),
+                    "pp_zb": pipeline.zero_bubble_fraction(STAGES, MICRO)}.items():
     glue(name, value)
 fig = diagrams.draw_pipeline_schedules(STAGES, MICRO)
 plt.show()
@@ -300,12 +309,33 @@ plt.show()
 # {glue:text}`pp_held_gpipe`, because each backward frees one forward's activations as soon as it
 # can.
 #
+# Two schedules shrink the bubble itself. *Interleaved* 1F1B {cite}`narayanan2021efficient` gives
+# each device $v$ chunks of layers that are not consecutive (with $v$ = 2 and 4 stages, device 0
+# holds the first and the fifth eighth of the model), so the pipeline fills and drains in $(p-1)/v$
+# of a micro-batch's time: $(p-1)/(vm+p-1)$, {glue:text}`pp_interleaved:.1%` here, for $v$ times
+# the sends. *Zero-bubble* schedules {cite}`qi2024zero` split the backward into the input's
+# gradient $B$, which the previous stage waits for, and the weights' gradient $W$, which nobody
+# waits for, and run the $W$s in the drain: ZB-H1 idles $(p-1)(t_F + t_B - t_W)$ a stage,
+# {glue:text}`pp_zb:.1%` here with $t_B = t_W = t_F$, at 1F1B's memory
+# (`accounting.pipeline`).
+#
 # Ring attention passes $K, V$ blocks around the context ranks and merges partial results through
-# their log-sum-exp, the online softmax of {ref}`sec-attention`:
+# their log-sum-exp, the online softmax of {ref}`sec-attention`. The forward of our
+# `_RingAttention`: at step $t$ rank $r$ holds the block of rank $r - t$, attends its queries to
+# it (masked where the keys lie in their future, skipped where all of them do) and merges:
 #
 # ```{literalinclude} ../lib/mlsys/distributed/cp.py
-# :pyobject: ring_attention
+# :pyobject: _RingAttention.forward
 # ```
+#
+# With a causal mask, contiguous shards are unfair: rank $r$'s queries see $r + 1$ of the $n$
+# key blocks, so over {glue:text}`cp_n` ranks the last computes {glue:text}`cp_contiguous:.1f`× the
+# scores of the first ($(2n-1)$×, and the step waits for it). The zig-zag layout gives rank $r$
+# the chunks $r$ and $2n - 1 - r$ of $2n$, one early and one late, and every rank the same work
+# ({glue:text}`cp_zigzag:.2f`× the first's; `cp.causal_work`). *Ulysses* {cite}`jacobs2023ulysses`
+# splits the sequence too, but an all-to-all before attention turns sequence shards into head
+# shards (every rank attends the whole sequence for $H/n$ heads) and another turns them back: less
+# traffic than the ring at large $n$, but no more ranks than heads.
 #
 # `mesh.parallelize` composes them in one order, PP → TP → CP → FSDP: FSDP last, so that it
 # shards the parameters the others have already cut. On a cluster the mesh's order decides which
@@ -315,11 +345,13 @@ plt.show()
 
 # %% tags=["remove-input"]
 links = diagrams.axis_links(MESH, PLAN_CLUSTER)
+work = {f"cp_{lay}": cp.causal_work(PLAN_SEQ, 4, lay) for lay in cp.LAYOUTS}  # scores per rank
 node = hardware.get_cluster(PLAN_CLUSTER)
 for name, value in {"mesh_ratio": node.intra_node.bytes_per_s / node.inter_node.bytes_per_s,
                     "mesh_world": MESH.world_size, "mesh_text": tables.mesh_text(MESH),
                     "mesh_per_node": node.per_node,
                     "mesh_inside": " and ".join(a for a, (i, _) in links.items() if i),
+                    "cp_n": 4, **{k: max(w) / min(w) for k, w in work.items()},
                     "mesh_across": " and ".join(a for a, (i, _) in links.items() if not i)}.items():
     glue(name, value)
 fig = diagrams.draw_mesh(MESH, PLAN_CLUSTER)
@@ -332,13 +364,24 @@ plt.show()
 # while FSDP's gathers can be prefetched and the pipeline sends only activations at stage
 # boundaries.
 #
+# FSDP itself works unit by unit, a unit being a block {cite}`zhao2023fsdp`: it all-gathers the
+# unit's shards into whole weights before the forward, gathering the next unit's while this one
+# computes (*prefetch*), frees them after it (*reshard*), gathers them again for the backward and
+# reduce-scatters the gradients, so a device holds its shards and about two whole blocks. Keeping
+# a unit whole after its forward (FSDP2's `reshard_after_forward=False`) saves one gather per step
+# at one block's memory. *HSDP* shards inside a group and replicates across groups, all-reducing
+# the gradient shards between the copies: the gathers stay inside a node, and only the gradients
+# cross the network. For `2.7B` on 64 H100s (the planner's example below), HSDP with 8-way shards
+# inside each node and 8 copies across communicates {glue:text}`plan_hsdp_comm:.3f` s a step
+# before overlap, FSDP over all 64 GPUs {glue:text}`plan_fsdp_comm:.3f` s.
+#
 # ## Measurement
 #
 # ### Each strategy against one process
 #
 # A tiny copy of the book's model trains two AdamW steps on CPU ranks (gloo) under each strategy,
-# and the same steps run in one process on the whole batch. Every rank's bytes are counted by
-# wrapping the collectives:
+# and the same steps run in one process on the whole batch. Every rank's collectives are counted by
+# wrapping them, each call's message size and group recorded:
 
 # %%
 checks_rows = check.against_one_process({k: (v, False) for k, v in TWO_RANKS.items()}, 2)
@@ -361,7 +404,9 @@ Table(["strategy", "ranks", "max |Δ loss|", "max |Δ grad|", "max |Δ weight|",
 
 # %% [markdown]
 # All {glue:text}`check_cases` cases train like one process to {glue:text}`check_worst:.1e` (the
-# order of fp32 sums differs), and every rank sent exactly the bytes `accounting.parallel` predicts.
+# order of fp32 sums differs), and on every rank the calls and their message sizes give exactly the
+# bytes `accounting.parallel` predicts. A call's bytes come from the same ring formula on both
+# sides, so what this checks is every call and message size, not the bytes a network card counts.
 #
 # ### The bubble, and ours against PyTorch's
 #
@@ -394,15 +439,20 @@ plans = planner.plan(cfg27, PLAN_CLUSTER, n_devices=PLAN_DEVICES, batch=PLAN_BAT
 assert all(p.mfu <= PLAN_EFFICIENCY + 1e-12 for p in plans)
 
 # %% tags=["hide-input"]
-best = plans[0]
+best, tied, large_cfg = plans[0], planner.ties(plans), TransformerConfig(**planner.LARGE_SIZES)
+fsdp_all, hsdp = (next(p for p in plans if (p.dims.dp_replicate, p.dims.dp_shard) == k)
+                  for k in ((1, PLAN_DEVICES), (8, PLAN_DEVICES // 8)))
+assert fsdp_all in tied and best.traffic_s < fsdp_all.traffic_s  # a tie broken by traffic
+large = planner.plan(large_cfg, PLAN_CLUSTER, **planner.LARGE_RUN)[0]
 for name, value in {"plan_eff": 100 * PLAN_EFFICIENCY, "plan_devices": PLAN_DEVICES,
                     "plan_batch": PLAN_BATCH, "plan_seq": PLAN_SEQ, "plan_valid": len(plans),
-                    "plan_best": tables.mesh_text(best.dims), "plan_m": best.microbatches,
-                    "plan_mfu": 100 * best.mfu}.items():
+                    "plan_best": tables.plan_text(best), "plan_m": best.microbatches,
+                    "plan_mfu": 100 * best.mfu, "plan_ties": len(tied), "plan_comm": best.traffic_s,
+                    "plan_fsdp_comm": fsdp_all.traffic_s, "plan_hsdp_comm": hsdp.traffic_s,
+                    "large_text": tables.placement_text(large, node),
+                    "large_b": count_params(large_cfg) / 1e9}.items():
     glue(name, value)
-Table(["mesh", "m", "GB per device", "step s", "MFU", "limited by"],
-      [[tables.mesh_text(p.dims), p.microbatches, num(p.memory.total / 1e9), num(p.step_s),
-        f"{p.mfu:.0%}", p.limit] for p in plans[:8]])
+Table(*tables.plan_rows(plans[:8], tied))
 
 # %% tags=["remove-input"]
 ax = plotting.plot_plans(plans, plotting.subplots(width=7.0, height=4.0)[1])
@@ -410,16 +460,23 @@ ax.set_title(f"{PLAN_PRESET}: every mesh of {PLAN_DEVICES} H100s", fontsize=9)
 plt.show()
 
 # %% [markdown]
-# Of {glue:text}`plan_valid` valid meshes the planner ranks first {glue:text}`plan_best` with
-# {glue:text}`plan_m` micro-batches, at a predicted {glue:text}`plan_mfu:.0f`% MFU, given kernels
-# that reach {glue:text}`plan_eff:.0f`% of the peak (a first-order model: no latency, overlap
-# wherever the strategy allows it); the figure labels the first three. The rules of thumb behind
-# such a ranking: when the state fits a node, data parallelism with ZeRO; when it does
-# not, FSDP across nodes, TP inside a node (its all-reduces sit on the critical path, so they need
-# NVLink); when the batch is too small for FSDP to be compute-bound, more TP or PP; when one
-# sequence's activations do not fit, CP. The same query from a shell: `python -m mlsys plan --preset
-# 2.7B --cluster dgx-h100 --devices 64 --batch 256 --seq 4096` (add `--plot plans.png` for the
-# figure).
+# Of {glue:text}`plan_valid` valid meshes, {glue:text}`plan_ties` tie for the first place at a
+# predicted {glue:text}`plan_mfu:.0f`% MFU, given kernels that reach {glue:text}`plan_eff:.0f`% of
+# the peak (a first-order model: no latency, overlap wherever the strategy allows it): each hides
+# all of its communication behind the compute, so each step is the compute alone (the "=" rows).
+# The ranking breaks such ties by the communication before overlap (its bytes over the links they
+# cross), then by fewer axes. First comes {glue:text}`plan_best` with {glue:text}`plan_m`
+# micro-batches ("ZeRO-1" marks data-parallel copies that shard their optimizer state, as
+# Megatron's distributed optimizer does): {glue:text}`plan_comm:.2f` s of communication a step
+# against {glue:text}`plan_fsdp_comm:.2f` s for FSDP over all {glue:text}`plan_devices` GPUs,
+# whose gathers cross the network. The figure labels the first three. The rules of thumb behind
+# such rankings: when the state fits a node, data parallelism with ZeRO; when it does not (the
+# {glue:text}`large_b:.0f`B model of {doc}`the one-pager <../book/parallelism_onepager>` on 64
+# H100s), the planner puts {glue:text}`large_text`; TP always inside a node (its all-reduces
+# sit on the critical path, so they need NVLink); when the batch is too small for data
+# parallelism to hide its traffic, more TP or PP; when one sequence's activations do not fit, CP.
+# The same query from a shell: `python -m mlsys plan --preset 2.7B --cluster dgx-h100 --devices
+# 64 --batch 256 --seq 4096` (add `--plot plans.png` for the figure).
 #
 # The conditions of (c) behind such rankings, drawn for the XXL layer on {glue:text}`c_n` TPU v5p
 # chips: the time of the math over the time of the communication, against tokens per device (above
@@ -448,18 +505,16 @@ choices = planner.first_choices(map_cfg, PLAN_CLUSTER, n_devices=MAP_DEVICES,
                                 batches=MAP_BATCHES, seqs=MAP_SEQS, efficiency=PLAN_EFFICIENCY)
 
 # %% tags=["remove-cell"]
-short, fitting = min(MAP_SEQS), [s for s in MAP_SEQS if any(choices[(b, s)] for b in MAP_BATCHES)]
-fsdp_from = next(b for b in MAP_BATCHES if planner.family(choices[(b, short)].dims) == "fsdp")
-assert all(planner.family(choices[(b, short)].dims) == "fsdp" for b in MAP_BATCHES
-           if b >= fsdp_from)  # once the batch hides FSDP's traffic, FSDP alone
-assert all("tp" in planner.family(choices[(b, short)].dims) for b in MAP_BATCHES if b < fsdp_from)
-assert all("cp" in planner.family(choices[(b, max(fitting))].dims) for b in MAP_BATCHES)
-assert all(choices[(b, s)] is None for b in MAP_BATCHES for s in MAP_SEQS if s > max(fitting))
-long = max(fitting)
-for name, value in {"map_devices": MAP_DEVICES, "map_short": short, "map_fsdp_from": fsdp_from,
-                    "map_one": tables.mesh_text(choices[(min(MAP_BATCHES), short)].dims),
-                    "map_long_mesh": tables.mesh_text(choices[(max(MAP_BATCHES), long)].dims),
-                    "map_long": long, "map_none": min(set(MAP_SEQS) - set(fitting))}.items():
+facts = planner.map_facts(choices)
+assert facts["dp_from"] == MAP_DEVICES and facts["cut_below"]  # below a sequence a GPU: cut
+assert facts["short"] < facts["cp_from"] and facts["cp_at_long"] and facts["none"] > facts["long"]
+big, short, long = max(MAP_BATCHES), facts["short"], facts["long"]
+for name, value in {"map_devices": MAP_DEVICES, "map_short": short, "map_big": big,
+                    "map_dp_from": facts["dp_from"], "map_cp_from": facts["cp_from"],
+                    "map_one": tables.plan_text(choices[(min(MAP_BATCHES), short)]),
+                    "map_long_mesh": tables.plan_text(choices[(big, long)]),
+                    "map_dp": tables.family_text(choices[(big, short)]),
+                    "map_long": long, "map_none": facts["none"]}.items():
     glue(name, value)
 
 # %% tags=["remove-input"]
@@ -471,11 +526,12 @@ plt.show()
 # %% [markdown]
 # Along the bottom row ({glue:text}`map_short:,` tokens): one sequence cannot be split by data
 # parallelism over {glue:text}`map_devices` GPUs, so the model itself is cut ({glue:text}`map_one`);
-# TP stays in the mesh while the batch per GPU is below FSDP's threshold; from
-# {glue:text}`map_fsdp_from` sequences on, FSDP alone. Up the columns, longer sequences bring in
-# context parallelism, up to {glue:text}`map_long_mesh` at {glue:text}`map_long:,` tokens; at
-# {glue:text}`map_none:,` tokens nothing fits one node (without activation checkpointing). The
-# one-pager on parallelism turns this map into its decision tree, branch by branch.
+# TP stays in the mesh while there is less than a sequence per GPU; from {glue:text}`map_dp_from`
+# sequences on, {glue:text}`map_dp` alone. Up the columns, longer sequences bring in context
+# parallelism, from {glue:text}`map_cp_from:,` tokens at {glue:text}`map_big` sequences, up to
+# {glue:text}`map_long_mesh` at {glue:text}`map_long:,` tokens; at {glue:text}`map_none:,` tokens
+# nothing fits one node (without activation checkpointing). The one-pager on parallelism turns
+# this map into its decision tree, branch by branch.
 #
 # ### Does the planner predict the runs?
 #
@@ -487,11 +543,9 @@ plt.show()
 
 # %% tags=["hide-input"]
 mf = transformer_flops(TransformerConfig.preset(PARALLEL.preset), 1, PARALLEL.seq)
-head_share = mf.lm_head / mf.forward_matmul_flops
-tp_floor = (1 - head_share) / PARALLEL.world_size + head_share
-assert tp_floor > 1 / PARALLEL.world_size
-for name, value in {"head_share": 100 * head_share, "tp_floor": tp_floor,
-                    "tp_even": 1 / PARALLEL.world_size}.items():
+head_share, world = mf.lm_head / mf.forward_matmul_flops, PARALLEL.world_size
+for name, value in {"head_share": 100 * head_share, "tp_even": 1 / world,
+                    "tp_floor": (1 - head_share) / world + head_share}.items():
     glue(name, value)
 parallel_step.planner_table(par_rows)
 
@@ -522,7 +576,7 @@ experiments.show_recorded("parallel_step")
 # hide it: {glue:text}`c_per_device:.0f` tokens for XXL on a v5p mesh with $X$ = 16, $Y$ = 4); TP
 # shards the matrices and moves activations on the critical path (it needs $F M_Y > Y\alpha$); PP
 # moves activations between stages and pays a bubble; CP moves $K$ and $V$ around a ring. Each was
-# checked against one process here, byte for byte against its formula.
+# checked against one process here, and every call and message size against its formula.
 # ```
 #
 # ## Exercises
@@ -531,23 +585,27 @@ experiments.show_recorded("parallel_step")
 #
 # The XXL model on DGX H100 nodes, state as in (a). (a) What is the smallest pure-FSDP degree that
 # holds the state alone? (b) With 2,048 tokens per device of activations, half of them sharded,
-# what degree then? (c) At that degree, how long does the FSDP all-gather of one block's bf16
-# weights take over NVLink inside a node, and over InfiniBand across nodes (`accounting.comms`)?
+# what degree then? (c) How long does the FSDP all-gather of one block's bf16 weights take in an
+# 8-way group inside a node, and in a group of (b)'s degree across nodes (`accounting.comms`,
+# `hardware.Cluster.ring_link`)?
 
 # %% tags=["hide-cell"]
 q1_a = parallel.min_shards_to_fit(GPU.hbm_bytes, states)
 q1_b = parallel.min_shards_to_fit(GPU.hbm_bytes, states, per_token * 2_048,
                                   activation_shard_fraction=0.5)
 block_bytes = 2 * XXL.d_model * XXL.d_ff * 2  # one block's weights in bf16
-sent = comms.collective_cost("all_gather", block_bytes, q1_b).sent_bytes  # (N - 1) / N of it
+sent = {n: comms.collective_cost("all_gather", block_bytes, n).sent_bytes  # (n - 1) / n of it
+        for n in (node.per_node, q1_b)}
+ms = {n: b / node.ring_link(n).bytes_per_s * 1e3 for n, b in sent.items()}
 half = per_token * 1_024  # the unsharded half of 2,048 tokens' activations
-assert q1_a == math.ceil(states / GPU.hbm_bytes) > node.per_node
+assert q1_a == math.ceil(states / GPU.hbm_bytes) > node.per_node and ms[q1_b] > ms[node.per_node]
 assert q1_b == math.ceil((states + half) / (GPU.hbm_bytes - half))
-for name, value in {"q1_a": q1_a, "q1_b": q1_b, "q1_hbm": GPU.hbm_bytes / 1e9,
-                    "q1_nv_ms": sent / node.intra_node.bytes_per_s * 1e3,
-                    "q1_ib_ms": sent / node.inter_node.bytes_per_s * 1e3,
-                    "q1_act_gb": per_token * 2_048 / 1e9, "q1_half_gb": half / 1e9,
-                    "q1_block_gb": block_bytes / 1e9, "q1_sent_gb": sent / 1e9}.items():
+for name, value in {"q1_a": q1_a, "q1_b": q1_b, "q1_hbm": GPU.hbm_bytes / 1e9, "q1_ib_ms": ms[q1_b],
+                    "q1_nv_ms": ms[node.per_node], "q1_last": q1_b % node.per_node or node.per_node,
+                    "q1_link_gb": node.ring_link(q1_b).bytes_per_s / 1e9, "q1_half_gb": half / 1e9,
+                    "q1_act_gb": per_token * 2_048 / 1e9, "q1_block_gb": block_bytes / 1e9,
+                    "q1_sent8_gb": sent[node.per_node] / 1e9,
+                    "q1_sent_gb": sent[q1_b] / 1e9}.items():
     glue(name, value)
 
 # %% [markdown]
@@ -556,11 +614,13 @@ for name, value in {"q1_a": q1_a, "q1_b": q1_b, "q1_hbm": GPU.hbm_bytes / 1e9,
 # GB, so **{glue:text}`q1_a`** H100s. (b) 2,048 tokens hold $A$ = {glue:text}`q1_act_gb:.1f` GB
 # of activations. The unsharded half takes {glue:text}`q1_half_gb:.1f` GB of every device, and the
 # rest must hold $S/N + A/(2N)$: $N \ge (S + A/2)/(M - A/2)$ gives **{glue:text}`q1_b`**. (c)
-# One block's bf16 weights are {glue:text}`q1_block_gb:.2f` GB; in an all-gather over $N$ devices
-# each sends $(N-1)/N$ of them, {glue:text}`q1_sent_gb:.2f` GB: **{glue:text}`q1_nv_ms:.1f` ms**
-# over NVLink, **{glue:text}`q1_ib_ms:.1f` ms** over InfiniBand. A group of {glue:text}`q1_b`
-# devices cannot fit one node, so FSDP across nodes needs a large batch per device to hide its
-# gathers.
+# One block's bf16 weights are {glue:text}`q1_block_gb:.2f` GB; in an all-gather over $n$ devices
+# each sends $(n-1)/n$ of them. 8-way inside a node, {glue:text}`q1_sent8_gb:.2f` GB over NVLink:
+# **{glue:text}`q1_nv_ms:.1f` ms**. {glue:text}`q1_b`-way, which cannot fit one node,
+# {glue:text}`q1_sent_gb:.2f` GB at {glue:text}`q1_link_gb:.0f` GB/s a GPU: a ring leaves each node
+# through as many network ports as the group has ranks there, and its last node holds
+# {glue:text}`q1_last` (`Cluster.ring_link`): **{glue:text}`q1_ib_ms:.1f` ms**, so FSDP across
+# nodes needs a larger batch per device to hide its gathers.
 # ```
 #
 # ### Q2 (find the error) Gradient accumulation shrinks the batch
@@ -589,8 +649,8 @@ q2_ratio = glue("q2_gather_ratio", gathers[8] / gathers[1])
 # How many micro-batches keep the bubble of an 8-stage pipeline under 5%?
 
 # %% tags=["hide-cell"]
-q3 = glue("q3_m", next(m for m in range(1, 10_000) if bubble_fraction(8, m) < 0.05))
-assert q3 == math.ceil(7 / 0.05 - 7 + 1e-9) and bubble_fraction(8, q3 - 1) >= 0.05
+q3 = glue("q3_m", next(m for m in range(1, 10_000) if pipeline.bubble_fraction(8, m) < 0.05))
+assert q3 == math.ceil(7 / 0.05 - 7 + 1e-9) and pipeline.bubble_fraction(8, q3 - 1) >= 0.05
 
 # %% [markdown]
 # ```{dropdown} Answer
@@ -649,7 +709,7 @@ print(f"checked: {whose} 1F1B order matches accounting.pipeline on all {STAGES} 
 # %% tags=["hide-cell"]
 q5 = {(s, tb): pipeline.simulated_bubble_fraction(STAGES, MICRO, s, backward_s=tb)
       for s in pipeline.SCHEDULES for tb in (1.0, 2.0, 3.0)}
-assert all(math.isclose(b, bubble_fraction(STAGES, MICRO)) for b in q5.values())
+assert all(math.isclose(b, pipeline.bubble_fraction(STAGES, MICRO)) for b in q5.values())
 q5_ratio = glue("q5_ratio", held["gpipe"] / held["1f1b"])
 
 # %% [markdown]
@@ -664,18 +724,69 @@ q5_ratio = glue("q5_ratio", held["gpipe"] / held["1f1b"])
 # schedules make the bubble itself smaller.
 # ```
 #
+# ### Q6 (multi-step) A mesh for an 80B model on 1,024 H100s
+#
+# The one-pager's {glue:text}`large_b:.0f`B model (Llama 3 70B's sizes, every head with its own
+# keys and values) trains on {glue:text}`q6_gpus:,` H100s in DGX nodes, {glue:text}`q6_batch:,`
+# sequences of {glue:text}`q6_seq:,` tokens a step, bf16 with fp32 master weights and AdamW.
+# (a) How many GPUs would its states alone fill? (b) With ZeRO-1 over the data-parallel copies,
+# how many ways must the weights be cut (TP × PP) for the bf16 weights and gradients plus the
+# sharded rest to fit in half of a GPU (half for activations)? (c) How far can TP go on NVLink
+# ($F$ against $C/W$)? (d) How many tokens does each GPU get, and how many would data parallelism
+# need to hide its traffic across nodes? (e) What does the planner choose, with kernels at
+# {glue:text}`plan_eff:.0f`% of the peak, and what is its bubble?
+
+# %% tags=["hide-cell"]
+q6 = planner.plan(large_cfg, node, n_devices=1_024, batch=1_024, seq=4_096,
+                  efficiency=PLAN_EFFICIENCY)[0]
+n_big, peak = count_params(large_cfg), GPU.peak_flop_per_s("bf16")
+q6_states = memory.model_state_bytes(n_big, "bf16_mixed_adamw")  # 16 bytes per parameter
+q6_cut = next(k for k in range(1, 1_025)  # bf16 weights and grads whole, the rest over 1,024
+              if 4 * n_big / k + 12 * n_big / 1_024 <= GPU.hbm_bytes / 2)
+q6_tp = large_cfg.d_ff / CB.ici_intensity(peak, node.intra_node.bytes_per_s)
+q6_cw = CB.ici_intensity(peak, node.ring_link(1_024).bytes_per_s)  # C / W across nodes
+assert q6.fits and q6.dims.tp <= node.per_node <= q6_tp  # TP may fill a node
+for name, value in {"q6_gpus": 1_024, "q6_batch": 1_024, "q6_seq": 4_096, "q6_tokens": 4_096,
+                    "q6_states_tb": q6_states / 1e12, "q6_cut": q6_cut, "q6_tp": q6_tp,
+                    "q6_hold": math.ceil(q6_states / GPU.hbm_bytes), "q6_cw": q6_cw,
+                    "q6_dp": "enough" if 4_096 > q6_cw else "not enough", "q6_m": q6.microbatches,
+                    "q6_mesh": tables.plan_text(q6), "q6_bubble": q6.bubble_s / q6.step_s,
+                    "q6_ways": q6.dims.tp * q6.dims.pp * q6.dims.fsdp, "q6_mfu": 100 * q6.mfu,
+                    "q6_place": tables.placement_text(q6, node)}.items():
+    glue(name, value)
+
+# %% [markdown]
+# ```{dropdown} Answer
+# (a) 16 bytes a parameter: {glue:text}`q6_states_tb:.2f` TB, {glue:text}`q6_hold` GPUs' worth.
+# (b) ZeRO-1 leaves the bf16 weights and gradients (4 bytes a parameter) whole on every copy and
+# shards the other 12 over the copies: $4N/k + 12N/1024 \le 40$ GB needs $k \ge$
+# **{glue:text}`q6_cut`**. (c) $F/(C/W)$ on NVLink allows TP up to {glue:text}`q6_tp:.1f` ways:
+# the whole node. (d) {glue:text}`q6_tokens:,` tokens a GPU; data parallelism hides its bytes
+# across nodes from about $C/W$ = {glue:text}`q6_cw:,.0f` tokens a GPU on that link, so the batch
+# alone is {glue:text}`q6_dp` to hide a plain all-reduce of the gradients. (e) The planner ranks
+# first **{glue:text}`q6_mesh`** with {glue:text}`q6_m` micro-batches, {glue:text}`q6_place`, at a
+# predicted {glue:text}`q6_mfu:.0f`% MFU: it cuts the weights {glue:text}`q6_ways` ways (TP × PP ×
+# the FSDP axes, CP's ranks sharing shards), and its bubble is {glue:text}`q6_bubble:.1%` of the
+# step.
+# ```
+#
 # ## Summary
 #
 # - XXL's fp32 training state is {glue:text}`xxl_states_tb:.2f` TB ({glue:text}`xxl_h100` H100s);
 #   its activations, {glue:text}`xxl_per_token_mb:.1f` MB per token in bf16, decide how far FSDP
 #   must shard.
-# - Compute-bound FSDP × TP needs $B/N > \alpha/(Y M_X)$ and $F M_Y > Y\alpha$; the Scaling Book's
-#   $\alpha^2/(M_X M_Y F)$ holds only at the optimal split.
+# - Compute-bound FSDP × TP (the Scaling Book: $T_\text{FSDP} + T_\text{TP} < T_\text{math}$)
+#   needs $F M_Y > Y\alpha$ and $B/N > \alpha/(Y M_X)/(1 - Y\alpha/(F M_Y))$; its
+#   $4\alpha^2/(F M_X M_Y)$ holds only at the optimal split.
 # - Gradient accumulation does not shrink the batch per update; more TP, more axes, fp8 gathers and
 #   pipelining do.
 # - TP splits $A$ by columns and $B$ by rows: one all-reduce forward ($g$) and one backward ($f$)
-#   per block, on the critical path, so its groups belong inside a node.
+#   per sub-layer, four per transformer block, on the critical path, so its groups belong inside
+#   a node.
 # - GPipe and 1F1B idle the same {glue:text}`pp_bubble:.1%` ($p$ = {glue:text}`pp_stages`,
 #   $m$ = {glue:text}`pp_micro`); 1F1B holds {glue:text}`pp_held_1f1b` micro-batches of
 #   activations on its first stage instead of {glue:text}`pp_held_gpipe`.
-# - Every strategy here equals one process, and sends exactly the bytes of its formula.
+# - Interleaving ({glue:text}`pp_interleaved:.1%` with $v$ = 2) and zero-bubble schedules
+#   ({glue:text}`pp_zb:.1%`) shrink the bubble itself.
+# - The planner's ties are broken by traffic, then by fewer axes.
+# - Every strategy here equals one process, with every call and message size of its formula.

@@ -94,6 +94,15 @@ INVALID_CALLS = [  # (call, error, message fragment)
     (lambda: hardware.TPU_V5P.sparse_flop_per_s("bf16"), ValueError, "NVIDIA"),
     (lambda: hardware.get_cluster("dgx-v100"), ValueError, "cluster='dgx-v100'"),
     (lambda: hardware.get_cluster("tpu-v5p").ring_link(10_000), ValueError, "does not fit"),
+    (lambda: hardware.get_cluster("tpu-v5p").send_link(10_000), ValueError, "does not fit"),
+    (lambda: hardware.get_cluster("dgx-h100").ring_link(16, stride=0), ValueError,
+     "stride must be a positive integer"),
+    (lambda: hardware.get_cluster("dgx-h100").ring_link(0), ValueError,
+     "n_ranks must be a positive"),
+    (lambda: hardware.get_cluster("dgx-h100").send_link(1.5), TypeError, "span must be"),
+    (lambda: hardware.get_cluster("dgx-h100").group_link([]), ValueError, "at least one rank"),
+    (lambda: hardware.get_cluster("dgx-h100").group_link([0, -8]), ValueError,
+     r"ranks\[1\] must be an integer >= 0"),
 ]
 
 
@@ -191,12 +200,36 @@ def test_clusters_use_their_accelerators_links():
         assert cluster.intra_node.bytes_per_s == cluster.accelerator.interconnect_bytes_per_s, key
         assert cluster.ring_link(cluster.per_node) is cluster.intra_node
     dgx = hardware.get_cluster("dgx-a100")
-    assert dgx.ring_link(9) is hardware.LINKS["ib-hdr"]  # one node is 8 GPUs
+    assert dgx.ring_link(9) is hardware.LINKS["ib-hdr"]  # the ninth GPU's node: one port
     assert hardware.LINKS["nvlink4"].bytes_per_s * 2 == 900e9  # NVIDIA's "900 GB/s" is both ways
     with pytest.raises(ValueError, match="cluster='dgx-v100' is not one of"):
         hardware.get_cluster("dgx-v100")
     with pytest.raises(TypeError, match="must be Links"):
         hardware.Cluster("x", hardware.H100_SXM, 8, "NVLink", None)
+
+
+def test_a_ring_across_nodes_runs_at_the_ports_it_has_in_each_node():
+    """Cross-node collectives cost at the node's egress: the Scaling Book, "How to Think About
+    GPUs" (https://jax-ml.github.io/scaling-book/gpus/), W_node = 8 x 400 Gb/s = 400 GB/s per
+    DGX H100 node; NCCL runs one ring per NIC, each leaving the node through another GPU's port."""
+    dgx = hardware.get_cluster("dgx-h100")
+    port = hardware.LINKS["ib-ndr"].bytes_per_s
+    whole = dgx.ring_link(16)  # two whole nodes
+    assert whole.bytes_per_s == 8 * port == 400e9 and "egress" in whole.name
+    assert dgx.ring_link(1024).bytes_per_s == 400e9  # the egress does not fall with more nodes
+    assert dgx.ring_link(12).bytes_per_s == 4 * port  # the second node holds 4 of the ring
+    assert dgx.ring_link(16, stride=8) is hardware.LINKS["ib-ndr"]  # one GPU per node: one port
+    assert dgx.ring_link(32, stride=4).bytes_per_s == 2 * port  # tp = 4 inside: 2 per node
+    assert dgx.ring_link(4, stride=2) is dgx.intra_node  # spans 7 ranks: still one node
+    assert dgx.send_link(16) is hardware.LINKS["ib-ndr"] and dgx.send_link(8) is dgx.intra_node
+    assert dgx.group_link([6, 7, 8]) is hardware.LINKS["ib-ndr"]  # straddles: 1 rank in node 1
+    assert dgx.group_link(range(8, 24)).bytes_per_s == 8 * port  # nodes 1 and 2, whole
+    assert dgx.group_link([3, 4, 5]) is dgx.intra_node
+    a100 = hardware.get_cluster("dgx-a100")  # 8 x 25 GB/s = 200 GB/s, under NVLink 3's 300
+    assert a100.ring_link(64).bytes_per_s == 200e9
+    fat = hardware.Cluster("8 ports of 100 GB/s", hardware.H100_SXM, 8, hardware.LINKS["nvlink4"],
+                           hardware.Link("fast NIC", 100e9, "https://example.org"))
+    assert fat.ring_link(16).bytes_per_s == 450e9  # 8 x 100 GB/s, capped by NVLink 4 inside
 
 
 def test_sm_architectures_hold_the_programming_guides_limits():

@@ -169,7 +169,7 @@ def test_table_and_figures(plans):
     assert ax.collections and ax.get_xlabel() == "predicted step time (s)"
     best = [p for p in plans if p.fits][:3]
     assert [t.get_text() for t in ax.texts] == [
-        f"{i}. {tables.mesh_text(p.dims)}, m = {p.microbatches}" for i, p in enumerate(best, 1)]
+        f"{i}. {tables.plan_text(p)}, m = {p.microbatches}" for i, p in enumerate(best, 1)]
     assert _overlapping_texts(ax) == []  # the best meshes often share a point
     plt.close(ax.figure)
     ax = plotting.plot_compute_bound(parallel.XXL.d_model, parallel.XXL.d_ff, 64,

@@ -29,3 +29,14 @@ def test_bad_inputs():
         probes.measure_op_time_s(16, ops_per_sample=0)
     with pytest.raises(TypeError, match="sizes must be a sequence"):
         probes.measure_matmul_flop_per_s(64)
+
+
+def test_gemm_probe_runs_a_models_own_shape():
+    p = probes.gemm_probe(5, 3, 7, dtype="bf16", device="cpu")
+    assert p.work == 2 * 5 * 3 * 7 and p.unit == "flop"
+    out = p.fn()
+    assert out.shape == (5, 7) and str(out.dtype) == "torch.bfloat16"
+    with pytest.raises(ValueError, match="k must be a positive integer"):
+        probes.gemm_probe(5, 0, 7)
+    with pytest.raises(ValueError, match="dtype='int8' is not one of"):
+        probes.gemm_probe(5, 3, 7, dtype="int8")

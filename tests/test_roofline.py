@@ -57,3 +57,38 @@ def test_roof_problems_flags_only_what_beats_the_roof():
     assert len(problems) == 1
     assert problems[0].startswith("too fast ran 2.00x faster than the memory-bound roof")
     assert roofline.roof_problems(points[:1], roof, tolerance=1.0) == []
+
+
+def test_communication_is_a_third_roof():
+    # The Scaling Book's "communication intensity": FLOPs per byte sent against the link's ridge
+    # (Austin et al. 2025, "All About Rooflines").
+    roof = Ceilings(flop_per_s=1e12, bytes_per_s=1e11, label="toy")
+    est = roofline.estimate(1e12, 1e10, roof, comm_bytes=2e10, link_bytes_per_s=1e10)
+    assert (est.math_s, est.memory_s, est.comm_s) == (1.0, 0.1, 2.0)
+    assert est.time_s == 2.0 and est.bound == "communication-bound"
+    est = roofline.estimate(1e12, 1e10, roof, comm_bytes=5e9, link_bytes_per_s=1e10)
+    assert est.bound == "compute-bound" and est.time_s == 1.0  # the link hides under the math
+    assert roofline.estimate(1e9, 1e11, roof).comm_s == 0.0  # nothing sent: two roofs as before
+    with pytest.raises(ValueError, match="comm_bytes needs link_bytes_per_s"):
+        roofline.estimate(1.0, 1.0, roof, comm_bytes=1.0)
+    with pytest.raises(ValueError, match="link_bytes_per_s must be > 0"):
+        roofline.estimate(1.0, 1.0, roof, comm_bytes=1.0, link_bytes_per_s=0.0)
+    with pytest.raises(ValueError, match="comm_bytes must be >= 0"):
+        roofline.estimate(1.0, 1.0, roof, comm_bytes=-1.0, link_bytes_per_s=1.0)
+
+
+def test_tile_and_wave_quantization():
+    # NVIDIA, "Matrix Multiplication Background User's Guide": tile and wave quantization.
+    one_wave = roofline.tile_waves(1536, 1408, tile_m=128, tile_n=128, sms=132)
+    assert (one_wave.tiles, one_wave.waves, one_wave.wave_fraction) == (132, 1, 1.0)
+    two = roofline.tile_waves(1536, 1536, tile_m=128, tile_n=128, sms=132)
+    assert (two.tiles, two.waves) == (144, 2) and two.wave_fraction == pytest.approx(144 / 264)
+    ragged = roofline.tile_waves(129, 128, tile_m=128, tile_n=128, sms=132)
+    assert ragged.tiles == 2 and ragged.useful_fraction == pytest.approx(129 / 256)
+    assert roofline.tile_waves(8192, 50257, tile_m=128, tile_n=128, sms=132).tiles == \
+        roofline.tile_waves(8192, 50304, tile_m=128, tile_n=128, sms=132).tiles == 64 * 393
+    assert roofline.tile_waves(256, 256, tile_m=128, tile_n=128, sms=2, tiles_per_sm=2).waves == 1
+    with pytest.raises(ValueError, match="tile_n"):
+        roofline.tile_waves(8, 8, tile_m=128, tile_n=0, sms=132)
+    with pytest.raises(ValueError, match="sms"):
+        roofline.tile_waves(8, 8, tile_m=128, tile_n=128, sms=-1)

@@ -38,6 +38,32 @@ def test_mesh_text_names_the_degrees_above_one_in_the_planners_order():
     assert tables.mesh_text(parallel.ParallelDims(dp_replicate=2, dp_shard=4)) == "dp 2 fsdp 4"
     assert tables.mesh_text(parallel.ParallelDims(tp=2, dp_shard=4)) == "fsdp 4 tp 2"
     assert tables.mesh_text(parallel.ParallelDims(world_size=1)) == "one device"
+    assert tables.mesh_text(parallel.ParallelDims(dp_replicate=2, pp=2),
+                            zero1=True) == "dp 2 (ZeRO-1) pp 2"
+
+
+def test_the_ranking_in_words_marks_ties_zero1_and_what_crosses_nodes():
+    h100 = hardware.get_cluster("dgx-h100")
+    cfg = TransformerConfig.preset("2.7B", context_length=4096)
+    plans = planner.plan(cfg, h100, n_devices=64, batch=256, seq=4096, efficiency=0.5)
+    tied = planner.ties(plans)
+    header, rows = tables.plan_rows(plans[:len(tied) + 1], tied)
+    assert header[3] == "step s" and header[4] == "comms s before overlap"
+    assert [r[3].endswith(" =") for r in rows] == [True] * len(tied) + [False]
+    assert [r[0] for r in rows] == [tables.plan_text(p) for p in plans[:len(tied) + 1]]
+    assert tables.family_text(plans[0]).endswith(" with ZeRO-1") == plans[0].zero1
+    hsdp = planner.evaluate(cfg, h100, parallel.ParallelDims(dp_replicate=8, dp_shard=8),
+                            batch=256, seq=4096)
+    assert tables.family_text(hsdp).startswith("HSDP")
+    odd = planner.evaluate(cfg, h100, parallel.ParallelDims(tp=2, pp=2, cp=2), batch=8, seq=4096)
+    assert tables.family_text(odd) == "tensor parallelism + a pipeline + context parallelism"
+    mesh = parallel.ParallelDims(dp_replicate=2, dp_shard=2, tp=4, pp=2)  # 32 GPUs, 4 nodes
+    plan = planner.evaluate(cfg, h100, mesh, batch=16, seq=4096, microbatches=2, zero1=True)
+    assert planner.crossing_axes(mesh, h100) == ("pp", "dp_replicate")
+    assert tables.placement_text(plan, h100) == \
+        "fsdp and tp inside a node, dp (ZeRO-1) and pp across nodes"
+    inside = planner.evaluate(cfg, h100, parallel.ParallelDims(tp=8), batch=8, seq=4096)
+    assert tables.placement_text(inside, h100) == "tp inside a node"
 
 
 # --- the roofline ---------------------------------------------------------------------------------

@@ -326,8 +326,10 @@ def kept_cpu_memory() -> Iterator[bool]:
     """Inside: glibc keeps freed memory mapped, as a GPU's caching allocator does; yields whether
     applied.
 
-    PyTorch's CPU allocator returns large freed blocks to the OS, so each fresh output of tens of MB
-    is new memory the OS must map and zero page by page on first write, and a timing of `x * 2`
+    PyTorch's CPU allocator (c10) takes its memory from glibc's malloc, which serves blocks above
+    its mmap threshold (128 KiB at first, raised up to 32 MiB on 64-bit Linux as large blocks are
+    freed) from a fresh mmap and unmaps them on free, so each fresh output of tens of MB is new
+    memory the OS must map and zero page by page on first write, and a timing of `x * 2`
     measures page faults more than the kernel. Serving large blocks from the heap (M_MMAP_MAX = 0)
     and never trimming it (a large M_TRIM_THRESHOLD) removes that. Process-wide while active; the
     glibc defaults are restored on exit. Elsewhere (not Linux/glibc) nothing changes and it yields

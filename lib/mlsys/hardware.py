@@ -20,7 +20,9 @@ Sources:
 - TPU v5p: Google Cloud TPU v5p page https://cloud.google.com/tpu/docs/v5p and the table in
   "How to Scale Your Model", part 2 (https://jax-ml.github.io/scaling-book/tpus/).
 - Links and clusters (`LINKS`, `CLUSTERS`): the accelerators' own NVLink and PCIe figures; the DGX
-  A100 / H100 datasheets for the InfiniBand ports (one per GPU); PCI-SIG for PCIe rates.
+  A100 / H100 datasheets for the InfiniBand ports (one per GPU); PCI-SIG for PCIe rates; a ring
+  across nodes at the node's egress (`Cluster.ring_link`): "How to Think About GPUs" in the
+  Scaling Book (https://jax-ml.github.io/scaling-book/gpus/).
 - One SM's resources per architecture (`SM_ARCHITECTURES`: registers, shared memory, resident
   warps and blocks, the units they are allocated in): CUDA C++ Programming Guide, "Compute
   Capabilities", table "Technical Specifications per Compute Capability", and the CUDA Occupancy
@@ -359,15 +361,66 @@ class Cluster:
                                                          isinstance(self.inter_node, Link)):
             raise TypeError(f"{self.name}: intra_node and inter_node must be Links")
 
-    def ring_link(self, n_ranks: int) -> Link:
-        """The slowest link a ring over `n_ranks` accelerators crosses: the node's own link while
-        the ring fits in one node, the network between nodes beyond it."""
+    def ring_link(self, n_ranks: int, *, stride: int = 1) -> Link:
+        """The link that bounds a ring collective over `n_ranks` accelerators `stride` ranks apart
+        (ranks 0, stride, 2 stride, ...; each node holds `per_node` consecutive ranks, the first
+        from rank 0): divide the bytes a rank sends (`accounting.comms`) by its bandwidth.
+
+        Inside one node: the node's own link. Across nodes the rule is per node, not per GPU. A
+        ring enters and leaves each node it spans once; NCCL runs one ring per port (its
+        channels), each crossing between nodes through another GPU's NIC, so the group's traffic
+        leaves a node through as many ports as the group has ranks there, k. Each ring carries
+        1/k of the message, so the crossing runs at k x `inter_node`, capped by the node's own
+        link: a group of whole DGX H100 nodes crosses at 8 x 50 = 400 GB/s, the node's egress
+        that the Scaling Book costs cross-node collectives at ("How to Think About GPUs",
+        https://jax-ml.github.io/scaling-book/gpus/ : W_node = 400 GB/s for an H100 node). The
+        node holding the fewest ranks of the group sets k: a group with one rank per node (data
+        parallelism with tensor parallelism inside each node, `stride` >= `per_node`) crosses on
+        one port, 50 GB/s, while the node's other GPUs' groups use the other ports. A
+        point-to-point send between nodes (a pipeline stage's) leaves through its sender's own
+        port: `send_link`.
+        """
         n = checks.positive_int(n_ranks, "n_ranks")
+        step = checks.positive_int(stride, "stride")
+        return self.group_link(range(0, n * step, step))
+
+    def group_link(self, ranks) -> Link:
+        """`ring_link` for the group of these exact `ranks` (global ranks; each node holds
+        `per_node` consecutive ones): a group that does not start at a node's first rank may
+        straddle two nodes with few ranks in one of them, and that node sets its ports."""
+        members = [checks.integer(r, f"ranks[{i}]", minimum=0) for i, r in enumerate(ranks)]
+        if not members:
+            raise ValueError("ranks must hold at least one rank")
+        held: dict[int, int] = {}
+        for r in members:
+            held[r // self.per_node] = held.get(r // self.per_node, 0) + 1
+        if len(held) == 1:
+            return self.intra_node
+        if self.inter_node is None:
+            raise ValueError(f"{self.name} has {self.per_node} accelerators per node and no "
+                             f"link between nodes: a group over ranks {members[0]} to "
+                             f"{members[-1]} does not fit")
+        k = min(held.values())  # the ports out of the node holding the fewest of the group
+        if k == 1:
+            return self.inter_node
+        bandwidth = min(k * self.inter_node.bytes_per_s, self.intra_node.bytes_per_s)
+        whole = " (the node's egress)" if k == self.per_node else ""
+        return Link(f"{self.inter_node.name}, {k} per node{whole}", bandwidth,
+                    "https://jax-ml.github.io/scaling-book/gpus/",
+                    f"a ring with {k} ranks in every node it spans: {k} rings, each leaving a "
+                    f"node through another GPU's port ({k} x "
+                    f"{self.inter_node.bytes_per_s / 1e9:g} GB/s)")
+
+    def send_link(self, span: int) -> Link:
+        """The link a point-to-point send crosses between two ranks `span` - 1 apart (a group
+        covering `span` consecutive ranks): the node's own link inside a node, the sender's one
+        port between nodes (its neighbours' ports carry their own sends)."""
+        n = checks.positive_int(span, "span")
         if n <= self.per_node:
             return self.intra_node
         if self.inter_node is None:
             raise ValueError(f"{self.name} has {self.per_node} accelerators per node and no "
-                             f"link between nodes: a ring of {n} does not fit")
+                             f"link between nodes: a span of {n} does not fit")
         return self.inter_node
 
 

@@ -32,7 +32,7 @@ from mlsys.accounting.buckets import BucketPoint
 from mlsys.accounting.op_costs import OpCost
 from mlsys.hardware import Accelerator
 from mlsys.roofline import Ceilings
-from mlsys.tables import mesh_text
+from mlsys.tables import plan_text
 
 COLORS = {
     "measured": "#0072B2",  # blue
@@ -241,21 +241,22 @@ def plot_plans(plans: list[planner.Plan], ax=None, *, label_top: int = 3):
            logy=True)
     top = fit[:label_top]
     label_points(ax, [(p.step_s, p.memory.total / GB) for p in top],
-                 [f"{i}. {mesh_text(p.dims)}, m = {p.microbatches}" for i, p in enumerate(top, 1)],
+                 [f"{i}. {plan_text(p)}, m = {p.microbatches}" for i, p in enumerate(top, 1)],
                  avoid=[(p.step_s, p.memory.total / GB) for p in plans])
     return ax
 
 
 def plot_compute_bound(d_model: int, d_ff: int, n_devices: int, *, flop_per_s: float,
-                       link_bytes_per_s: float, m_x: int = 1, m_y: int = 1,
-                       fixed_xy: tuple[int, int] | None = None, ax=None):
+                       link_bytes_per_s: float, m_x: float = 1, m_y: float = 1,
+                       fixed_xy: tuple[int, int] | None = None, model: str = "sum", ax=None):
     """T_math / T_comms of one layer's forward against tokens per device B / N
-    (`compute_bound.compute_to_comms_curves`): pure FSDP, pure TP, FSDP x TP at the optimal split
-    and at `fixed_xy` = (X, Y); above 1 the layer is compute-bound. Returns the axes."""
+    (`compute_bound.compute_to_comms_curves`, T_comms the Scaling Book's T_FSDP + T_TP, or their
+    max with `model="max"`): pure FSDP, pure TP, FSDP x TP at the optimal split and at `fixed_xy`
+    = (X, Y); above 1 the layer is compute-bound. Returns the axes."""
     per_device = np.logspace(0, 5, 200)
     curves = compute_bound.compute_to_comms_curves(
         per_device, d_model, d_ff, n_devices, flop_per_s=flop_per_s,
-        link_bytes_per_s=link_bytes_per_s, m_x=m_x, m_y=m_y, fixed_xy=fixed_xy)
+        link_bytes_per_s=link_bytes_per_s, m_x=m_x, m_y=m_y, fixed_xy=fixed_xy, model=model)
     if ax is None:
         _, ax = subplots()
     labels = {"fsdp": f"FSDP, X = {n_devices}", "tp": f"TP, Y = {n_devices}",
@@ -287,7 +288,7 @@ def plot_first_choices(choices: dict[tuple[int, int], planner.Plan | None], ax=N
     ax.imshow(grid, cmap=ListedColormap(colors or ["white"]), vmin=-0.5,
               vmax=max(len(names), 1) - 0.5, origin="lower", aspect="auto")
     for (b, s), p in choices.items():
-        text = "nothing fits" if p is None else f"{mesh_text(p.dims)}\n{p.mfu:.0%}"
+        text = "nothing fits" if p is None else f"{plan_text(p)}\n{p.mfu:.0%}"
         ax.text(batches.index(b), seqs.index(s), text, ha="center", va="center", fontsize=6)
     ax.grid(False)
     ax.set_xticks(range(len(batches)), [f"{b:,}" for b in batches])

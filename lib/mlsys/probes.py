@@ -7,11 +7,12 @@ apart from the kernels it judges is a roof of another machine when the load chan
 
 - Bandwidth: `dst.copy_(src)` on a buffer far larger than the last-level cache, counting the bytes
   read plus the bytes written (a copy of Q bytes moves 2Q).
-- Compute: square matmuls in the chosen dtype (2 N^3 FLOPs); the best size is the roof.
+- Compute: square matmuls in the chosen dtype (2 N^3 FLOPs); the best size is the roof. A
+  model's own matmul shape (`gemm_probe`) in fp32 and bf16 says how fast bf16 runs here.
 - Overhead: `ops_per_call` in-place `mul_(1.0)` on a tiny tensor back to back, so the timer's own
   cost is spread over many ops.
 
-Used in: §sec-bytes, §sec-flops.
+Used in: §sec-bytes, §sec-flops, §sec-mixed-precision.
 """
 
 from __future__ import annotations
@@ -61,6 +62,20 @@ def matmul_probe(n: int, *, dtype: str = "fp32", device: str | None = None, seed
     gen = torch.Generator().manual_seed(seed)
     a, b = (torch.randn(n, n, generator=gen).to(device, torch_dtype(dtype)) for _ in range(2))
     return Probe(f"matmul {n}", lambda: a @ b, 2.0 * n**3, "flop")
+
+
+def gemm_probe(m: int, k: int, n: int, *, dtype: str = "fp32", device: str | None = None,
+               seed: int = 0) -> Probe:
+    """An (m, k) @ (k, n) matmul in `dtype`, a model's own shape: 2 m k n FLOPs per call. Timed
+    in fp32 and bf16 side by side, it says how fast this device's bf16 matmuls of that shape are
+    (`matmul_probe` is the square case)."""
+    checks.positive_ints(m=m, k=k, n=n)
+    checks.choice(canonical(dtype), "dtype", MATMUL_DTYPES)
+    device = device or env.device()
+    gen = torch.Generator().manual_seed(seed)
+    a = torch.randn(m, k, generator=gen).to(device, torch_dtype(dtype))
+    b = torch.randn(k, n, generator=gen).to(device, torch_dtype(dtype))
+    return Probe(f"matmul {m}x{k}x{n} {canonical(dtype)}", lambda: a @ b, 2.0 * m * k * n, "flop")
 
 
 def op_overhead_probe(n_elements: int, *, ops_per_call: int = 20,

@@ -3,14 +3,17 @@
 The cost models (`mlsys.accounting`, `mlsys.roofline`) return numbers; this is the one place that
 turns them into words. `plan_table` and `napkin_lines` are what `python -m mlsys plan` and
 `python -m mlsys napkin` print (aligned text lines); `ridge_table` is a header and rows for
-`book.Table` or `book.markdown_table`; `mesh_text` names a mesh by its degrees ("fsdp 4 tp 2");
+`book.Table` or `book.markdown_table`; `mesh_text` names a mesh by its degrees ("fsdp 4 tp 2"),
+`plan_text` a plan (ZeRO-1 marked), `plan_rows` a ranking with its ties, `family_text` and
+`placement_text` its strategies and which of them cross the network;
 `roofline_position` says where a measured time sits against its roofline estimate. The pages'
 tables of the cost models are here too, each a (header, rows) pair: the largest trainable model per
 recipe (`max_params_table`, chapter 02), operations' intensities (`op_intensity_table`), two
 claims against the byte counts (`byte_claims_table`) and the bytes attention moves
 (`attention_traffic_table`, chapter 04), attention's block by length (`attention_block_table`,
 chapter 06); `ridge_path` and `ridge_gap_text` put ridge points into words. Nothing is computed
-here that a cost model does not return.
+here that a cost model does not return. A little over 300 lines: the one place where numbers
+become words.
 Used in: chapters 02, 04, 06 and 09, the one-pagers, `python -m mlsys`, `mlsys.train`, the
 experiments.
 """
@@ -25,9 +28,9 @@ from mlsys.accounting import bytes as bytes_moved
 from mlsys.accounting.napkin import Napkin
 from mlsys.accounting.op_costs import OpCost
 from mlsys.accounting.parallel import ParallelDims
-from mlsys.accounting.planner import FAMILY_AXES, Plan
+from mlsys.accounting.planner import FAMILY_AXES, Plan, crossing_axes, family
 from mlsys.book import num
-from mlsys.hardware import Accelerator
+from mlsys.hardware import Accelerator, Cluster
 from mlsys.roofline import Ceilings, Estimate
 
 Columns = tuple[list[str], list[list[object]]]
@@ -54,10 +57,62 @@ def plan_table(plans: list[Plan], *, top: int = 10) -> list[str]:
             for row in rows]
 
 
-def mesh_text(dims: ParallelDims) -> str:
-    """The degrees above 1, short, in `planner.FAMILY_AXES` order: "fsdp 4 tp 2"."""
-    return " ".join(f"{name} {getattr(dims, axis)}" for axis, name in FAMILY_AXES.items()
+def mesh_text(dims: ParallelDims, *, zero1: bool = False) -> str:
+    """The degrees above 1, short, in `planner.FAMILY_AXES` order: "fsdp 4 tp 2"; with `zero1`,
+    the copies' axis says that they shard their optimizer: "dp 8 (ZeRO-1) pp 8"."""
+    return " ".join(f"{name} {getattr(dims, axis)}"
+                    + (" (ZeRO-1)" if zero1 and axis == "dp_replicate" else "")
+                    for axis, name in FAMILY_AXES.items()
                     if getattr(dims, axis) > 1) or "one device"
+
+
+def plan_rows(plans: Sequence[Plan], tied: Sequence[Plan] = ()) -> Columns:
+    """The chapter's table of a ranking: mesh, micro-batches, memory per device, step time ("="
+    where the plan ties with the first, `planner.ties`), communication before overlap (the first
+    tie-break), MFU and what limits it."""
+    ties = {id(p) for p in tied}
+    return (["mesh", "m", "GB per device", "step s", "comms s before overlap", "MFU",
+             "limited by"],
+            [[plan_text(p), p.microbatches, num(p.memory.total / 1e9),
+              num(p.step_s) + (" =" if id(p) in ties else ""), num(p.traffic_s), f"{p.mfu:.0%}",
+              p.limit] for p in plans])
+
+
+FAMILY_WORDS = {"dp": "data parallelism", "fsdp": "FSDP", "dp+fsdp": "HSDP (FSDP in groups, "
+                "copies of the groups)", "tp": "tensor parallelism", "pp": "a pipeline",
+                "cp": "context parallelism"}
+
+
+def family_text(p: Plan) -> str:
+    """A plan's strategies in words ("HSDP (FSDP in groups, copies of the groups) with ZeRO-1":
+    the copies shard their optimizer); unnamed combinations by their axes."""
+    name = family(p.dims)
+    words = FAMILY_WORDS.get(name, " + ".join(FAMILY_WORDS.get(a, a) for a in name.split("+")))
+    return words + (" with ZeRO-1" if p.zero1 else "")
+
+
+def placement_text(p: Plan, cluster: Cluster) -> str:
+    """Which of a plan's axes stay inside a node and which cross the network
+    (`planner.crossing_axes`): "tp, cp and fsdp inside a node, pp and dp (ZeRO-1) across
+    nodes"."""
+    across = crossing_axes(p.dims, cluster)
+    used = [a for a in FAMILY_AXES if getattr(p.dims, a) > 1]
+
+    def names(axes) -> str:
+        words = [FAMILY_AXES[a] + (" (ZeRO-1)" if a == "dp_replicate" and p.zero1 else "")
+                 for a in axes]
+        return " and ".join([", ".join(words[:-1]), words[-1]] if len(words) > 1 else words)
+
+    inside = [a for a in used if a not in across]
+    parts = ([f"{names(inside)} inside a node"] if inside else []) + (
+        [f"{names([a for a in used if a in across])} across nodes"] if across else [])
+    return ", ".join(parts) or "one device"
+
+
+def plan_text(p: Plan) -> str:
+    """A plan's mesh as `mesh_text` names it, ZeRO-1 marked where its copies shard the
+    optimizer."""
+    return mesh_text(p.dims, zero1=p.zero1)
 
 
 # --- one model on the napkin -------------------------------------------------------------------

@@ -101,17 +101,54 @@ def test_accumulation_sends_once_per_optimizer_step_with_no_sync():
 
 
 def test_links_come_from_hardware():
+    """Two whole DGX H100 nodes cross at the node's egress, 8 ports of 50 GB/s (the Scaling
+    Book, "How to Think About GPUs"), not at one port: about 1.2x one node's time, not 9.6x."""
     dgx = hardware.get_cluster("dgx-h100")
     assert dgx.ring_link(8) is hardware.LINKS["nvlink4"]
-    assert dgx.ring_link(16).bytes_per_s == 50e9  # one 400 Gb/s port per GPU
-    t8 = comms_cost.collective_time_s("all_reduce", 2**30, 8, alpha_s=0,
-                             bytes_per_s=dgx.ring_link(8).bytes_per_s)
-    t16 = comms_cost.collective_time_s("all_reduce", 2**30, 16, alpha_s=0,
-                              bytes_per_s=dgx.ring_link(16).bytes_per_s)
-    assert t16 / t8 == pytest.approx(9 * (15 / 16) / (7 / 8))  # 450 / 50 GB/s, and (n-1)/n
+    assert dgx.ring_link(16).bytes_per_s == 8 * 50e9  # 8 rings, one per 400 Gb/s port
+    t8, t16, t16_spread = (comms_cost.collective_time_s(
+        "all_reduce", 2**30, n, alpha_s=0, bytes_per_s=dgx.ring_link(n, stride=s).bytes_per_s)
+        for n, s in ((8, 1), (16, 1), (16, 8)))
+    assert t16 / t8 == pytest.approx(450 / 400 * (15 / 16) / (7 / 8))  # 450 / 400 GB/s, (n-1)/n
+    assert t16_spread / t16 == pytest.approx(8)  # one GPU in each of 16 nodes: one port each
+
+
+def test_a_hierarchical_all_reduce_sends_the_shard_across_and_the_switch_halves_it():
+    """Two levels: reduce-scatter in the node, all-reduce of 1/g of M across the nodes on each
+    GPU's own port, all-gather in the node. Pipelined, it crosses at the node's egress like 8 flat
+    rings (`hardware.Cluster.ring_link`), with 2(g-1) + 2(N-1) steps instead of 2(gN-1). In-network
+    reduction (SHARP: Graham et al., COMHPC 2016) sends the shard once: 2(N-1)/N times less."""
+    m, nodes, g, nv, port, alpha = 4e9, 16, 8, 450 * GB, 50 * GB, 20e-6
+    ring = comms_cost.hierarchical_all_reduce_s(m, nodes, g, intra_bytes_per_s=nv,
+                                                inter_bytes_per_s=port)
+    assert ring["reduce_scatter"] == ring["all_gather"] == pytest.approx(7 / 8 * m / nv)
+    assert ring["across"] == pytest.approx(2 * 15 / 16 * (m / g) / port)
+    egress = hardware.get_cluster("dgx-h100").ring_link(nodes * g).bytes_per_s
+    flat = comms_cost.collective_time_s("all_reduce", m, nodes * g, alpha_s=0, bytes_per_s=egress)
+    assert max(ring.values()) / flat == pytest.approx((15 / 16) / (127 / 128))  # same bandwidth
+    sharp = comms_cost.hierarchical_all_reduce_s(m, nodes, g, intra_bytes_per_s=nv,
+                                                 inter_bytes_per_s=port, in_network=True)
+    assert ring["across"] / sharp["across"] == pytest.approx(2 * 15 / 16)
+    slow = comms_cost.hierarchical_all_reduce_s(m, nodes, g, intra_bytes_per_s=nv,
+                                                inter_bytes_per_s=port, alpha_s=alpha)
+    steps = (slow["reduce_scatter"] + slow["across"] + slow["all_gather"]
+             - sum(ring.values())) / alpha
+    assert steps == pytest.approx(2 * (g - 1) + 2 * (nodes - 1))  # 44, not 2 (128 - 1) = 254
+    one = comms_cost.hierarchical_all_reduce_s(m, 1, g, intra_bytes_per_s=nv,
+                                               inter_bytes_per_s=port, in_network=True)
+    assert one["across"] == 0.0  # one node: nothing crosses
 
 
 @pytest.mark.parametrize(("call", "error", "message"), [
+    (lambda: comms_cost.hierarchical_all_reduce_s(1e9, 0, 8, intra_bytes_per_s=1e9,
+                                                  inter_bytes_per_s=1e9), ValueError,
+     "nodes must be a positive"),
+    (lambda: comms_cost.hierarchical_all_reduce_s(1e9, 2, 8, intra_bytes_per_s=1e9,
+                                                  inter_bytes_per_s=0, in_network=True),
+     ValueError, "inter_bytes_per_s must be > 0"),
+    (lambda: comms_cost.hierarchical_all_reduce_s(-1, 2, 8, intra_bytes_per_s=1e9,
+                                                  inter_bytes_per_s=1e9), ValueError,
+     "message_bytes must be >= 0"),
     (lambda: comms_cost.collective_cost("allreduce", 1, 2), ValueError, "collective='allreduce'"),
     (lambda: comms_cost.collective_cost("all_reduce", -1, 2), ValueError,
      "message_bytes must be >= 0"),

@@ -43,8 +43,16 @@ def test_communication_time_takes_the_slowest_link_each_group_crosses():
     assert times["all_gather"] == pytest.approx(sent["all_gather"] / nvlink)
     wide = parallel.ParallelDims(dp_shard=4, tp=4)  # 16 ranks: the FSDP group spans two nodes
     times = parallel_traffic.comm_time_s(small, wide, cluster, 0, **kw)
-    assert times["all_gather"] == pytest.approx(
-        parallel_traffic.sent_bytes(small, wide, 0, **kw)["all_gather"] / ib)
+    assert times["all_gather"] == pytest.approx(  # 2 of its ranks per node: 2 ports (tp = 4)
+        parallel_traffic.sent_bytes(small, wide, 0, **kw)["all_gather"] / (2 * ib))
+    whole, kw16 = parallel.ParallelDims(dp_shard=16), {**kw, "batch": 16}  # two whole nodes
+    assert parallel_traffic.comm_time_s(small, whole, cluster, 0, **kw16)["all_gather"] == \
+        pytest.approx(parallel_traffic.sent_bytes(small, whole, 0, **kw16)["all_gather"]
+                      / (8 * ib))  # the node's egress: the Scaling Book's 8 x 400 Gb/s
+    spread = parallel.ParallelDims(dp_replicate=2, dp_shard=2, tp=4)  # copies 8 ranks apart
+    assert parallel_traffic.comm_time_s(small, spread, cluster, 0, **kw)[
+        "replicate_all_reduce"] == pytest.approx(parallel_traffic.sent_bytes(
+            small, spread, 0, **kw)["replicate_all_reduce"] / ib)  # one rank per node: one port
     assert times["cp"] == times["pp"] == 0.0
     with pytest.raises(TypeError, match="cluster must be a hardware.Cluster"):
         parallel_traffic.comm_time_s(small, dims, "dgx-h100", 0, **kw)

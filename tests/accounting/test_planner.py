@@ -2,6 +2,8 @@
 predictions are the accounting's, and impossible meshes are clear errors. (`python -m mlsys
 plan`: tests/test_main.py.)"""
 
+from dataclasses import replace
+
 import pytest
 
 from mlsys import hardware, plotting, tables
@@ -43,7 +45,15 @@ def test_a_plan_is_the_accountings_prediction(plans):
                                         micro_batch=64 // p.dims.dp // p.microbatches, seq=1024,
                                         microbatches=p.microbatches,
                                         sequence_parallel=p.dims.tp > 1)
-        assert p.memory == memory
+        r = p.dims.dp_replicate  # ZeRO-1: the copies shard the fp32 master and the moments
+        assert p.zero1 == (r > 1)
+        assert p.memory == replace(memory, master=memory.master / r,
+                                   optimizer=memory.optimizer / r)
+        plain = planner.evaluate(SMALL, H100, p.dims, batch=64, seq=1024,
+                                 microbatches=p.microbatches)
+        assert plain.memory == memory
+        if p.microbatches == 1:  # the same bytes on the wire; more micro-batches: ZeRO-1 once
+            assert plain.step_s == p.step_s
 
 
 def test_fixed_axes_and_micro_batches_are_held():
@@ -87,6 +97,60 @@ def test_every_plan_says_what_it_would_cost_with_no_overlap(plans):
         fsdp.communication_s["fsdp"]  # at 4,096 tokens per GPU FSDP hides behind compute
 
 
+def test_ties_go_to_less_traffic_then_to_fewer_axes():
+    """Every mesh that hides all its communication has the same step: the compute. The ranking
+    then prefers the least communication before overlap, then the fewest axes."""
+    cfg = TransformerConfig.preset("2.7B", context_length=4096)
+    plans = planner.plan(cfg, H100, n_devices=64, batch=256, seq=4096, efficiency=0.5)
+    tied = planner.ties(plans)
+    assert len(tied) > 1 and tied[0] is plans[0]
+    assert all(p.step_s == pytest.approx(plans[0].step_s, rel=1e-9) for p in tied)
+    assert [(round(p.traffic_s, 9), p.n_axes) for p in tied] == sorted(
+        (round(p.traffic_s, 9), p.n_axes) for p in tied)
+    assert plans[len(tied)].step_s > plans[0].step_s * (1 + 1e-9)
+    assert planner.ties([]) == [] and planner.ties(
+        planner.plan(parallel.XXL, "tpu-v5p", n_devices=1, batch=1, seq=1024)) == []
+
+
+def test_zero1_with_a_pipeline_beats_zero3_with_a_pipeline():
+    """ZeRO-3 under a pipeline gathers the weights again for every micro-batch; the distributed
+    optimizer (ZeRO-1, Megatron-LM's) sends its gradients' bytes once a step."""
+    big = TransformerConfig(vocab_size=32_000, context_length=2048, d_model=4096, n_layers=32,
+                            n_heads=32, d_ff=11_008)
+    kw = {"n_devices": 16, "batch": 64, "seq": 2048, "microbatches": 16}
+    zero3 = planner.plan(big, H100, fixed={"dp_shard": 2, "pp": 2, "tp": 4, "cp": 1}, **kw)[0]
+    zero1 = planner.plan(big, H100, fixed={"dp_replicate": 2, "pp": 2, "tp": 4, "cp": 1}, **kw)[0]
+    assert zero1.zero1 and not zero3.zero1
+    assert zero3.communication_s["fsdp"] > 4 * zero1.communication_s["fsdp"]
+    assert _rank_of(zero1) < _rank_of(zero3) or zero1.step_s < zero3.step_s
+    assert tables.plan_text(zero1) == "dp 2 (ZeRO-1) tp 4 pp 2"
+    assert planner.crossing_axes(zero1.dims, H100) == ("pp",)
+    assert planner.crossing_axes(parallel.ParallelDims(dp_shard=16), H100) == ("dp_shard",)
+    with pytest.raises(TypeError, match="zero1 must be True or False"):
+        planner.evaluate(big, H100, zero1.dims, batch=64, seq=2048, zero1="yes")
+
+
+def test_the_map_facts_read_the_first_choices():
+    batches, seqs = (1, 64), (256, 1024)
+    choices = planner.first_choices(SMALL, H100, n_devices=8, batches=batches, seqs=seqs)
+    facts = planner.map_facts({**choices, (1, 2048): None, (64, 2048): None})
+    assert facts["short"] == 256 and facts["long"] == 1024 and facts["none"] == 2048
+    assert facts["dp_from"] == 64 and facts["cut_below"]  # one sequence: TP in the mesh
+    assert facts["cp_from"] is None and not facts["cp_at_long"]
+    with pytest.raises(ValueError, match="choices must map at least one"):
+        planner.map_facts({})
+
+
+def test_the_large_example_is_llama3_70b_sizes_without_gqa():
+    cfg = TransformerConfig(**planner.LARGE_SIZES)
+    assert cfg.d_model == 8192 and cfg.n_layers == 80 and cfg.d_ff == 28_672
+    assert planner.LARGE_RUN == {"n_devices": 64, "batch": 512, "seq": 4096}
+
+
+def _rank_of(p):
+    return (round(p.step_s, 9), round(p.traffic_s, 9), p.n_axes)
+
+
 def test_mesh_names():
     assert planner.family(parallel.ParallelDims(dp_shard=4, tp=2)) == "fsdp+tp"
     assert planner.family(parallel.ParallelDims(dp_replicate=2, dp_shard=4)) == "dp+fsdp"
@@ -104,7 +168,8 @@ def test_the_decision_map_is_the_planners_first_choice():
         assert (choice.dims, choice.microbatches, choice.step_s) == (
             first.dims, first.microbatches, first.step_s)
     assert "tp" in planner.family(choices[(1, 1024)].dims)  # one sequence: cut the model
-    assert planner.family(choices[(64, 1024)].dims) == "fsdp"  # 8 sequences per GPU: FSDP
+    assert planner.family(choices[(64, 1024)].dims) == "dp"  # 8 sequences per GPU: ZeRO-1
+    assert choices[(64, 1024)].zero1
     nothing = planner.first_choices(parallel.XXL, "tpu-v5p", n_devices=1, batches=(1,),
                                     seqs=(1024,))
     assert nothing == {(1, 1024): None}  # a mesh, but it does not fit

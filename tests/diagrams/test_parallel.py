@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt
 import pytest
 
 from mlsys import hardware
-from mlsys.accounting import parallel, pipeline
+from mlsys.accounting import parallel, parallel_traffic, pipeline
 from mlsys.diagrams import parallel as diagrams
 from mlsys.models.config import TransformerConfig
 from mlsys.plotting import CYCLE
@@ -150,7 +150,8 @@ def test_mesh_colours_each_rank_by_its_coordinate_and_places_each_axis_on_its_li
                 if cell.get_linewidth() > 1:
                     outlined.add(int(rank))
             assert outlined == set(dims.group_ranks(0, axis))
-            link = cluster.ring_link(dims.span(axis))  # the planner's rule for the same group
+            link = (cluster.send_link(dims.span(axis)) if axis == "pp" else  # the planner's rule
+                    parallel_traffic.group_link(dims, cluster, 0, axis))
             rows = {t.get_text(): t.get_position()[1] for t in ax.texts}
             row = rows[f"{axis} = {getattr(dims, axis)} "]
             verdict, = [t.get_text() for t in ax.texts if "groups of" in t.get_text()

@@ -62,6 +62,36 @@ def test_allreduce_verdicts_follow_the_numbers():
     assert "2 ranks need 2 GPUs" in repr(allreduce_bench.table(alone))
 
 
+def _points(times, world_sizes=(2, 6), size=2**26):
+    """Point rows at one size: `times` per world size as (p20, median, p80) seconds."""
+    return [{"kind": "point", "world_size": w, "message_bytes": size, "p20_s": lo, "median_s": m,
+             "p80_s": hi, "samples_s": [lo, m, hi],
+             "algbw_bytes_per_s": comms_cost.algorithm_bandwidth(size, m),
+             "busbw_bytes_per_s": comms_cost.bus_bandwidth("all_reduce", size, m, w),
+             "problems": [f"{size} B: p80 / p20 = {hi / lo:.2f} (more than 1.5)"]}
+            for w, (lo, m, hi) in zip(world_sizes, times, strict=True)]
+
+
+def test_a_bus_bandwidth_that_falls_beyond_its_bands_is_said_and_its_cause_named():
+    """Rows that contradict "too noisy": 6 gloo ranks on 2 cores whose bus bandwidth falls 1.75x,
+    both p20-p80 bands apart (the cpu build's 0.75 and 0.43 GB/s); then bands that overlap."""
+    setup = {"kind": "setup", "device": "cpu", "backend": "gloo", "link": None,
+             "link_bytes_per_s": None, "cores": 2}
+    # busbw = M / t x 2(n-1)/n: 2 ranks at 89 ms (67-104), 6 ranks at 260 ms (223-276)
+    failed = [{"kind": "fit", "world_size": w, "error": "too noisy to fit"} for w in (2, 6)]
+    rows = _points([(0.067, 0.089, 0.104), (0.223, 0.260, 0.276)]) + failed + [setup]
+    text = allreduce_bench.verdicts(rows)
+    assert text["bandwidths"].startswith("from 2 to 6 ranks at 64 MiB")
+    assert "fell beyond both points' p20-p80 bands, so not noise" in text["bandwidths"]
+    assert "6 gloo ranks shared 2 cores" in text["bandwidths"]
+    assert text["fit"].startswith("no verdict") and "6 gloo ranks shared 2 cores" in text["fit"]
+    overlapping = _points([(0.067, 0.089, 0.2), (0.1, 0.260, 0.276)]) + failed + [setup]
+    assert allreduce_bench.verdicts(overlapping)["bandwidths"].startswith("no verdict")
+    roomy = [*rows[:-1], {**setup, "cores": 8}]
+    assert allreduce_bench.crowded(roomy) == "" and allreduce_bench.crowded(rows) != ""
+    assert allreduce_bench.crowded([*rows[:-1], {**setup, "backend": "nccl"}]) == ""
+
+
 def test_the_seeds_all_reduce_table_fits_and_its_units_are_named():
     fit = allreduce_bench.third_party_fit()
     assert fit.alpha_s * 1e6 == pytest.approx(20.6, abs=0.1)

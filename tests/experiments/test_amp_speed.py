@@ -3,7 +3,7 @@ numbers and withheld when noisy; a GPU record read without the CPU caveat."""
 
 import pytest
 import torch
-from experiment_cases import quiet
+from experiment_cases import quiet, steady
 
 from mlsys.experiments import amp_speed
 
@@ -25,12 +25,32 @@ def test_amp_speed_rows_tables_and_verdicts(speed_rows):
     assert len(amp_speed.table(speed_rows).rows) == len(ok)
     assert len(amp_speed.speedups(speed_rows)) == 2 * len(s.seqs)
     text = amp_speed.verdicts(quiet(speed_rows))
-    assert set(text) == {"speed", "floor", "memory"}
+    assert set(text) == {"speed", "floor", "memory", "text"}
     assert "says nothing about a GPU" in text["speed"]  # a CPU never claims a speed-up
     assert "fp32 " in text["floor"] and "x the tokens" in text["floor"]
+    assert text["text"] == (f"On this machine: {text['speed']}. How the step time follows the "
+                            f"tokens: {text['floor']}.")
     noisy = quiet(speed_rows)
     noisy[1]["problems"] = ["forward: p80 / p20 = 3.00 (more than 1.5)"]
-    assert amp_speed.verdicts(noisy)["speed"].startswith("no verdict")
+    withheld = amp_speed.verdicts(noisy)
+    assert withheld["speed"].startswith("no verdict")
+    assert withheld["text"].lower().count("no verdict") == 1  # once, not for speed and floor
+
+
+@pytest.mark.parametrize("bf16_s, words", [(1e-3, "ran 2.00x as fast in bf16"),
+                                           (4e-3, "ran 0.50x as fast in bf16")])
+def test_the_cpu_caveat_is_the_measured_matmul_probe(speed_rows, bf16_s, words):
+    """Whatever this CPU's bf16 matmuls do, the sentence reports the probe, never a claim."""
+    rows = quiet(speed_rows)
+    for r in amp_speed.measured(rows):
+        r["matmul fp32"] = steady(2e-3)
+        r["matmul bf16"] = steady(bf16_s)
+    text = amp_speed.verdicts(rows)["speed"]
+    assert f"the model's w1 matmul {words} as in fp32" in text
+    assert "for want of" not in text and "no matrix units" not in text
+    for r in amp_speed.measured(rows):  # a record from before the probe: no sentence about it
+        del r["matmul bf16"]
+    assert "w1 matmul" not in amp_speed.verdicts(rows)["speed"]
 
 
 def test_amp_speed_reads_a_gpu_record_without_the_cpu_caveat(speed_rows):

@@ -32,7 +32,9 @@ def test_ddp_step_counts_and_holds_what_the_accounting_says(step_rows):
     assert set(variants) == set(ddp_step_run.VARIANTS)
     assert variants["naive"]["all_reduce_calls"] == variants["overlapped"]["all_reduce_calls"] \
         == 21
-    assert variants["flat"]["all_reduce_calls"] == variants["bucketed"]["all_reduce_calls"] == 1
+    n_buckets = len(buckets.buckets(st["tensor_bytes"], st["bucket_mb"] * 2**20))
+    assert variants["flat"]["all_reduce_calls"] == 1 and n_buckets == 4  # the smoke cap: several
+    assert variants["bucketed"]["all_reduce_calls"] == n_buckets
     for r in variants.values():
         assert r["sent_bytes"] == pytest.approx(every)
         for phase in (*ddp_step.PHASES, "step"):
@@ -63,16 +65,78 @@ def test_ddp_step_tables_and_verdicts(step_rows):
                                                              .bucket_sizes_mb)
     assert len(ddp_step.zero_table(step_rows).rows) == 3 * ddp_step.setup(step_rows)["world_size"]
     text = ddp_step.verdicts(step_rows)
-    assert set(text) == {"breakdown", "flat", "overlap", "buckets", "torch", "accumulation",
-                         "zero"}
+    assert set(text) == {"breakdown", "miss", "flat", "overlap", "buckets", "torch",
+                         "accumulation", "zero"}
+    assert text["miss"].startswith("communication took naive ")  # never withheld: it reads bands
+    assert "(bucketed: 4 buckets of at most 0.25 MiB)" in ddp_step.verdicts(
+        quiet_steps(step_rows))["overlap"]  # the smoke cap makes several buckets
     assert text["zero"].startswith("every rank held exactly the predicted")
     assert "stages 1 and 2 sent 1.00x and 1.00x stage 0's bytes" in text["zero"]
     assert "sent 0.872 MiB per optimizer step and syncing each micro-batch 1.74 MiB" in \
         text["accumulation"]
 
 
+def quiet_steps(rows, communication=None):
+    """`rows` with every phase steady; each variant's communication set to
+    `communication(variant, predicted)` (a timing row) when given."""
+    rows = copy.deepcopy(rows)
+    for r in (r for r in rows if r["kind"] == "variant"):
+        for phase in (*ddp_step.PHASES, "step"):
+            r[phase] = steady(r[phase]["median_s"])
+        if communication is not None:
+            r["communication"] = communication(r["variant"], ddp_step.predicted_communication_s(
+                rows, r["variant"]))
+    return rows
+
+
+def band(median, low, high):
+    return {"median_s": median, "p20_s": low, "p80_s": high, "samples_s": [low, median, high]}
+
+
+def test_a_miss_every_variant_shares_is_named_systematic_and_never_called_noise():
+    """Rows that would contradict a noise verdict: every variant's communication 5x its
+    prediction, each beyond its own p20-p80 band; then 1.8x beyond the band in one variant only;
+    a tie; misses both ways."""
+    pred = {"naive": 0.1, "flat": 0.05, "overlapped": 0.01, "bucketed": 0.02}
+    five = {n: band(5 * t, 4 * t, 6 * t) for n, t in pred.items()}
+    text, systematic = ddp_step.communication_miss(five, pred, "likely cause: two ranks, 2 cores")
+    assert systematic and "slower in every variant" in text and "not noise" in text
+    assert text.endswith("likely cause: two ranks, 2 cores") and "naive 5.00x" in text
+    faster = {n: band(t / 5, t / 6, t / 4) for n, t in pred.items()}
+    assert "faster in every variant" in ddp_step.communication_miss(faster, pred)[0]
+    one = {**{n: band(t, 0.9 * t, 1.1 * t) for n, t in pred.items()},
+           "flat": band(0.09, 0.085, 0.095)}  # 1.8x, beyond its band, in flat only
+    text, systematic = ddp_step.communication_miss(one, pred)
+    assert not systematic and "slower beyond the noise: flat" in text and "not one bias" in text
+    wide = {**five, "naive": band(0.5, 0.05, 0.9)}  # 5x, but the prediction is inside its band
+    assert not ddp_step.communication_miss(wide, pred)[1]
+    tie = {n: band(t, 0.8 * t, 1.2 * t) for n, t in pred.items()}
+    text, systematic = ddp_step.communication_miss(tie, pred)
+    assert not systematic and "no variant misses it" in text
+    both = {**five, "flat": band(0.005, 0.004, 0.006)}
+    text, systematic = ddp_step.communication_miss(both, pred)
+    assert not systematic and "slower beyond the noise" in text and "faster beyond" in text
+    with pytest.raises(ValueError, match=r"predicted\['naive'\] must be > 0"):
+        ddp_step.communication_miss(five, {**pred, "naive": 0.0})
+
+
+def test_a_systematic_miss_is_shown_even_on_a_noisy_machine(step_rows):
+    slow = quiet_steps(step_rows, lambda n, p: band(5 * p, 4 * p, 6 * p))
+    naive = next(r for r in slow if r.get("variant") == "naive")
+    naive["step"] = band(naive["step"]["median_s"], 0.5 * naive["step"]["median_s"],
+                         2 * naive["step"]["median_s"])  # noisy: p80 / p20 = 4
+    text = ddp_step.verdicts(slow)
+    assert "a systematic miss of the model, not noise" in text["miss"]
+    assert "gloo ranks share" in text["miss"]  # the cause names this machine's crowding
+    assert "took 5.00x the" in text["breakdown"] and "model" in text["overlap"]
+    assert text["flat"].startswith("no verdict") and text["buckets"].startswith("no verdict")
+    one = copy.deepcopy(slow)
+    ddp_step.setup(one)["bucket_mb"] = 1e3  # a cap that holds every gradient: one bucket
+    assert "one bucket overlaps nothing" in ddp_step.verdicts(one)["overlap"]
+
+
 def test_ddp_step_verdicts_are_withheld_when_noisy(step_rows):
-    rows = copy.deepcopy(step_rows)
+    rows = quiet_steps(step_rows, lambda n, p: band(p, 0.9 * p, 1.1 * p))  # on the model: no miss
     naive = next(r for r in rows if r.get("variant") == "naive")
     naive["step"] = {**naive["step"], "samples_s": [1e-3, 1e-3, 5e-3, 9e-3, 9e-3],
                      "p20_s": 1e-3, "p80_s": 9e-3}
@@ -97,9 +161,9 @@ def test_the_chapter_reads_the_rows_through_tables_plots_and_the_target(bench_ro
     allreduce_bench.plot(bench_rows, axes[:2])
     ddp_step.plot(step_rows, axes[2])
     assert axes[0].lines and axes[2].patches
-    acc = ddp_step.accumulation_table(step_rows)
-    assert [r[:3] for r in acc.rows] == [["1", "last only", "1"], ["2", "last only", "1"],
-                                         ["2", "every micro-batch", "2"]]
+    acc = ddp_step.accumulation_table(step_rows)  # 4 buckets: 4 all-reduces per sync
+    assert [r[:3] for r in acc.rows] == [["1", "last only", "4"], ["2", "last only", "4"],
+                                         ["2", "every micro-batch", "8"]]
     quiet = copy.deepcopy(step_rows)
     t = next(r for r in quiet if r["kind"] == "torch")
     t["ours"], t["torch"] = steady(1.04), steady(1.0)

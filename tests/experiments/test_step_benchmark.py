@@ -72,3 +72,14 @@ def test_record_views_draw_the_trace_and_give_the_tables():
     views = step_benchmark.record_views()
     assert set(views["tables"]) == {"step_profile", "step_memory"}
     assert views["shows"]["step_profile"]({"results": []}) is None  # an old record: no trace
+
+
+def test_the_seed_gpu_is_inferred_and_the_summary_asserts_it():
+    name, reasoning = step_benchmark.seed_gpu()
+    assert name == "A100 80GB" and "`ampere_sgemm_*`" in reasoning and "70 GB" in reasoning
+    values, table = step_benchmark.seed_summary(hardware.A100_80GB_SXM)
+    assert values["seed_gpu_text"] == reasoning and len(table.rows) == len(
+        third_party.CS336_STUDENT_BENCHMARK)
+    assert values["q_small_128_ms"] == pytest.approx(24.99)
+    with pytest.raises(AssertionError, match="H100"):  # the table says Ampere, 80 GB
+        step_benchmark.seed_summary(hardware.H100_SXM)

@@ -66,3 +66,12 @@ def test_step_memory_keeps_the_step_by_part(memory_rows):
     n = step_memory.setup(memory_rows)["n_params"]
     assert max(want.total()) == 12 * n + max(4 * n, step_memory.predicted(
         memory_rows, r["seq"]).total_bytes)
+
+
+def test_the_seed_values_are_read_from_its_rows():
+    rows = step_memory.seed_rows()
+    values = step_memory.seed_values(rows)
+    at = {r["seq"]: r for r in rows}
+    assert values["seed_512_claim"] == at[512]["claimed_forward_gb"] == 20.4
+    assert values["seed_256_formula"] == at[256]["formula_gib"]
+    assert values["seed_512_gb"] == pytest.approx(values["seed_512_gib"] * 2**30 / 1e9)

@@ -24,8 +24,10 @@ same bytes on average and needs only 2 ceil(log2 n) steps.
 Seed corrections this module lets a chapter show: a ring all-reduce has 2 (n-1) latency steps,
 not n-1 (`claimed_ring_all_reduce_s`); "time ~ 2 M / BW for large M" holds for large n, not
 large M (it is 2x too slow at n = 2); and a bandwidth printed in "GB/s" that is a bus bandwidth in
-GiB/s (`claimed_effective_gb_per_s`). Gradient buckets and their overlap with the backward are
-`accounting.buckets`. Pure: no torch. Used in: §sec-data-parallel (chapter 08).
+GiB/s (`claimed_effective_gb_per_s`). `hierarchical_all_reduce_s` splits an all-reduce across
+nodes into its three phases, with the switches' in-network reduction as an option. Gradient
+buckets and their overlap with the backward are `accounting.buckets`. Pure: no torch. Used in:
+§sec-data-parallel (chapter 08).
 """
 
 from __future__ import annotations
@@ -189,6 +191,35 @@ def accumulation_sent_bytes(grad_bytes: float, n_ranks: int, micro_batches: int,
     k = checks.positive_int(micro_batches, "micro_batches")
     per = collective_cost("all_reduce", grad_bytes, n_ranks).sent_bytes
     return per * (k if sync_each_micro_batch else 1)
+
+
+def hierarchical_all_reduce_s(message_bytes: float, nodes: int, per_node: int, *,
+                              intra_bytes_per_s: float, inter_bytes_per_s: float,
+                              alpha_s: float = 0.0, in_network: bool = False) -> dict[str, float]:
+    """Seconds of each phase of a two-level all-reduce of M bytes over `nodes` x `per_node` ranks:
+    a reduce-scatter inside each node (its link, `intra_bytes_per_s`); across the nodes, an
+    all-reduce of each rank's M / per_node shard among the ranks of the same local index, each on
+    its own port (`inter_bytes_per_s`); an all-gather inside each node.
+
+    Across the nodes a ring sends 2 (N-1)/N of the shard in 2 (N-1) steps. With `in_network`
+    reduction the switches add the shards (NVIDIA SHARP; Graham et al., "Scalable Hierarchical
+    Aggregation Protocol (SHArP)", COMHPC 2016): a rank sends its shard once and receives the sum
+    once, 1x the shard in 2 steps (up the switch tree and down), whatever N is. NCCL pipelines
+    the phases chunk by chunk, so for a large message the slowest phase sets the time, and for a
+    small one their sum. Keys: "reduce_scatter", "across", "all_gather"."""
+    m = checks.nonnegative(message_bytes, "message_bytes")
+    n_nodes, g = checks.positive_int(nodes, "nodes"), checks.positive_int(per_node, "per_node")
+    inside = {"alpha_s": alpha_s, "bytes_per_s": intra_bytes_per_s}
+    shard = m / g
+    if in_network and n_nodes > 1:
+        across = 2 * checks.nonnegative(alpha_s, "alpha_s") + shard / checks.positive(
+            inter_bytes_per_s, "inter_bytes_per_s")
+    else:
+        across = collective_time_s("all_reduce", shard, n_nodes, alpha_s=alpha_s,
+                                   bytes_per_s=checks.positive(inter_bytes_per_s,
+                                                               "inter_bytes_per_s"))
+    return {"reduce_scatter": collective_time_s("reduce_scatter", m, g, **inside),
+            "across": across, "all_gather": collective_time_s("all_gather", m, g, **inside)}
 
 
 # --- the seed's formulas, kept to be set beside the right ones -----------------------------------

@@ -139,15 +139,24 @@ STRATEGY_AXES = {"all_gather": FSDP_AXES, "reduce_scatter": FSDP_AXES,
 """The mesh axes each entry of `sent_bytes` travels along."""
 
 
+def group_link(dims: ParallelDims, cluster: hardware.Cluster, rank: int, *axes: str
+               ) -> hardware.Link:
+    """The link that bounds a ring over `rank`'s group along `axes` (`Cluster.group_link` of its
+    ranks): inside a node its link; across nodes as many ports per node as the group has ranks
+    in its emptiest node (whole nodes: the node's egress; one rank per node: one port)."""
+    return cluster.group_link(dims.group_ranks(rank, *axes))
+
+
 def comm_time_s(cfg, dims: ParallelDims, cluster: hardware.Cluster, rank: int = 0,
                 **kwargs) -> dict[str, float]:
     """Seconds of each entry of `sent_bytes(cfg, dims, rank, **kwargs)` on `cluster`, before any
-    overlap: bytes / the bandwidth of the slowest link its group crosses (`Cluster.ring_link` of
-    the group's span: inside a node, or the network). Bandwidth only (no latency term): for ring
-    collectives the bytes a rank sends are the bus bytes of `accounting.comms`, so this is
+    overlap: bytes / the bandwidth of the link its group's ring is bound by (`group_link`; the
+    pipeline's point-to-point sends `Cluster.send_link`). Bandwidth only (no latency term): for
+    ring collectives the bytes a rank sends are the bus bytes of `accounting.comms`, so this is
     `comms.time_s` with alpha = 0."""
     if not isinstance(cluster, hardware.Cluster):
         raise TypeError(f"cluster must be a hardware.Cluster, got {type(cluster).__name__}")
     sent = sent_bytes(cfg, dims, rank, **kwargs)
-    return {kind: b / cluster.ring_link(dims.span(*STRATEGY_AXES[kind])).bytes_per_s if b else 0.0
-            for kind, b in sent.items()}
+    links = {kind: cluster.send_link(dims.span("pp")) if kind == "pp" else
+             group_link(dims, cluster, rank, *axes) for kind, axes in STRATEGY_AXES.items()}
+    return {kind: b / links[kind].bytes_per_s if b else 0.0 for kind, b in sent.items()}

@@ -6,7 +6,12 @@ et al., 2019) runs every forward, then every backward; 1F1B (Narayanan et al., 2
 PipeDream-Flush) runs p - 1 - stage warm-up forwards and then alternates, holding at most
 p - stage micro-batches of activations instead of m. Both idle for (p - 1) (t_F + t_B) of a step
 of (m + p - 1) (t_F + t_B), whatever t_B / t_F is: `pipeline_timeline` plays the dependencies out
-and `simulated_bubble_fraction` measures the idle share on it. Pure: no torch.
+and `simulated_bubble_fraction` measures the idle share on it. Two schedules shrink the bubble
+itself, as formulas (`interleaved_bubble_fraction`, `zero_bubble_fraction`): interleaved 1F1B
+(Narayanan et al., 2021, section 2.2) gives each device v chunks of the model, so the fill and
+drain take (p - 1) / v of a micro-batch's time; zero-bubble (Qi et al., 2024, ZB-H1) splits the
+backward into its input-gradient part B and its weight-gradient part W and fills the drain with
+the W's, leaving (p - 1) (t_F + t_B - t_W). Pure: no torch.
 Used in: chapter 09 (§sec-parallelism).
 """
 
@@ -31,6 +36,37 @@ def bubble_fraction(n_stages: int, microbatches: int) -> float:
     p = checks.positive_int(n_stages, "n_stages")
     m = checks.positive_int(microbatches, "microbatches")
     return (p - 1) / (m + p - 1)
+
+
+def interleaved_bubble_fraction(n_stages: int, microbatches: int, chunks: int) -> float:
+    """Idle share of an interleaved 1F1B step with `chunks` (v) model chunks per device:
+    (p - 1) / (v m + p - 1), the bubble (p - 1) / v of one micro-batch's time (Narayanan et al.,
+    2021). v = 1 is plain 1F1B. Megatron-LM needs m to be a multiple of p."""
+    p = checks.positive_int(n_stages, "n_stages")
+    m = checks.positive_int(microbatches, "microbatches")
+    v = checks.positive_int(chunks, "chunks")
+    if v > 1 and m % p:
+        raise ValueError(f"microbatches ({m}) must be a multiple of n_stages ({p}) for an "
+                         "interleaved schedule (each round sends p micro-batches through a chunk)")
+    return (p - 1) / (v * m + p - 1)
+
+
+def zero_bubble_fraction(n_stages: int, microbatches: int, *, forward_s: float = 1.0,
+                         input_grad_s: float = 1.0, weight_grad_s: float = 1.0) -> float:
+    """Idle share of a ZB-H1 step (Qi et al., 2024): with the backward split into B (the input's
+    gradient, on the critical path) and W (the weights', deferred into the drain), each stage idles
+    (p - 1) (t_F + t_B - t_W) of m (t_F + t_B + t_W) + that; 1F1B idles (p - 1) (t_F + t_B + t_W).
+    Needs t_W <= t_F + t_B; ZB-H2, with more micro-batches in flight, idles about none."""
+    p = checks.positive_int(n_stages, "n_stages")
+    m = checks.positive_int(microbatches, "microbatches")
+    tf, tb = checks.positive(forward_s, "forward_s"), checks.positive(input_grad_s,
+                                                                       "input_grad_s")
+    tw = checks.positive(weight_grad_s, "weight_grad_s")
+    if tw > tf + tb:
+        raise ValueError(f"weight_grad_s ({tw}) must be <= forward_s + input_grad_s "
+                         f"({tf + tb}): the deferred W's cannot fill more than the drain")
+    idle = (p - 1) * (tf + tb - tw)
+    return idle / (m * (tf + tb + tw) + idle)
 
 
 def pipeline_schedule(stage: int, n_stages: int, microbatches: int,

@@ -6,7 +6,14 @@ For each way of writing n_devices as dp_replicate x dp_shard x tp x pp x cp that
 zig-zag layout, so seq divisible by 2 cp) and each micro-batch count m that divides the per-replica
 batch, `plan` predicts:
 
-- memory: `parallel.device_memory` (1F1B, sequence parallelism with TP), against the HBM;
+- memory: `parallel.device_memory` (1F1B, sequence parallelism with TP), against the HBM; with
+  `zero1` (the default) the data-parallel copies of `dp_replicate` shard their fp32 master weights
+  and optimizer state (ZeRO-1, Megatron's distributed optimizer, Rajbhandari et al., 2020): the
+  bytes of one all-reduce of the gradients a step (a reduce-scatter, then an all-gather of the
+  updated weights; the micro-batches' gradients accumulate locally first, where the copies of
+  `mlsys.distributed` all-reduce every micro-batch's), less memory. ZeRO-1 + PP is a
+  dp_replicate x pp mesh; ZeRO-3 + PP (dp_shard x pp) gathers every block again for every
+  micro-batch;
 - compute: the step's model FLOPs / (devices x peak x `efficiency`), stretched by the pipeline
   bubble (p - 1) / m;
 - communication, `parallel_traffic.comm_time_s` (the bytes of `parallel_traffic.sent_bytes` over
@@ -14,22 +21,32 @@ batch, `plan` predicts:
   only, all of it in the compute dtype: FSDP's all-gathers and reduce-scatters and HSDP's
   all-reduce overlap compute (prefetch, bucketing) and only their excess shows; TP's all-reduces
   sit on the critical path (no overlap); ring attention hides behind the attention it feeds (its
-  share of the FLOPs); pipeline sends show during fill and drain, 2 (p - 1) of them;
+  share of the FLOPs); pipeline sends show during fill and drain, 2 (p - 1) of them, each over
+  its sender's own link (`Cluster.send_link`);
 - step time = compute + bubble + exposed communication; MFU = model FLOPs / (step x devices x
   peak).
+Ranking (`plan`): the meshes that fit by step time; equal step times (several meshes hide all
+their communication and tie exactly) by less communication before overlap (`Plan.traffic_s`: the
+traffic over the links it crosses), then by fewer axes above 1, then by memory; `ties` lists the
+meshes that tie with the first on step time. `crossing_axes` names the axes whose groups leave a
+node.
 A model of the first order: no kernel efficiency below `efficiency`, no latency, perfect overlap
 where overlap is claimed. Its use is to rank meshes and to say what limits each, not to promise a
 time. `first_choices` is the decision tree as a map of the first choice over batch and sequence
 length (`family` names each choice); `measured_cluster` describes a machine by what was measured
 on it, so the planner can be checked against runs (`experiments.parallel_step`). The ranking as
 text is `mlsys.tables.plan_table`, its figures are in `mlsys.plotting`.
-Pure: numbers in, numbers out. Used in: chapter 09, `python -m mlsys plan`.
+`map_facts` reads such a map for the sentences that describe it; `LARGE_SIZES` and `LARGE_RUN` are
+the across-nodes example of chapter 09 and the one-pager. A little over 300 lines: the prediction,
+the ranking and its ties, and the map are one model, read together.
+Pure: numbers in, numbers out. Used in: chapter 09, the parallelism one-pager and appendix,
+`python -m mlsys plan`.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mlsys import checks, hardware
@@ -62,6 +79,7 @@ class Plan:
     exposed_s: dict[str, float] = field(default_factory=dict)  # communication compute leaves
     mfu: float = 0.0
     communication_s: dict[str, float] = field(default_factory=dict)  # all of it, before overlap
+    zero1: bool = False  # the dp_replicate copies shard master weights and optimizer (ZeRO-1)
 
     @property
     def fits(self) -> bool:
@@ -77,6 +95,16 @@ class Plan:
         return self.compute_s + self.bubble_s + sum(self.communication_s.values())
 
     @property
+    def traffic_s(self) -> float:
+        """All communication before overlap, in seconds on its links: the first tie-break."""
+        return sum(self.communication_s.values())
+
+    @property
+    def n_axes(self) -> int:
+        """Mesh axes above 1: the second tie-break (fewer process groups to run)."""
+        return sum(d > 1 for d in self.dims.shape)
+
+    @property
     def limit(self) -> str:
         """What costs the most beyond compute: "compute", "bubble" or a strategy's communication."""
         costs = {"bubble": self.bubble_s, **self.exposed_s}
@@ -88,13 +116,14 @@ class Plan:
         return {"dp_replicate": d.dp_replicate, "dp_shard": d.dp_shard, "tp": d.tp, "pp": d.pp,
                 "cp": d.cp, "microbatches": self.microbatches,
                 "memory_gb": self.memory.total / GB, "fits": self.fits, "step_s": self.step_s,
-                "mfu": self.mfu, "limit": self.limit}
+                "mfu": self.mfu, "limit": self.limit, "zero1": self.zero1 and d.dp_replicate > 1}
 
 
 def evaluate(cfg, cluster: hardware.Cluster, dims: parallel.ParallelDims, *, batch: int, seq: int,
              microbatches: int = 1, recipe: str = "bf16_mixed_adamw", dtype: str = "bf16",
-             efficiency: float = 1.0) -> Plan:
-    """The prediction for one mesh (the module docstring); `batch` global sequences of `seq`."""
+             efficiency: float = 1.0, zero1: bool = False) -> Plan:
+    """The prediction for one mesh (the module docstring); `batch` global sequences of `seq`;
+    `zero1`: the dp_replicate copies shard their master weights and optimizer state."""
     parallel.check_model(cfg, dims, batch=batch, seq=seq, microbatches=microbatches)
     eff = checks.fraction(efficiency, "efficiency")
     shape = parallel.model_shape(cfg, seq=seq, dtype=dtype)
@@ -106,23 +135,30 @@ def evaluate(cfg, cluster: hardware.Cluster, dims: parallel.ParallelDims, *, bat
     memory = parallel.device_memory(shape, dims, micro_batch=micro, seq=seq,
                                     microbatches=m, recipe=recipe, act_dtype=dtype,
                                     sequence_parallel=sp)
+    if not isinstance(zero1, bool):
+        raise TypeError(f"zero1 must be True or False, got {zero1!r}")
+    if zero1 and dims.dp_replicate > 1:  # the distributed optimizer: master and moments sharded
+        memory = replace(memory, master=memory.master / dims.dp_replicate,
+                         optimizer=memory.optimizer / dims.dp_replicate)
     flops = shape.training_flops_per_token * batch * seq
     compute = flops / (n * peak * eff)
     bubble = compute * (dims.pp - 1) / m
     times = comm_time_s(cfg, dims, cluster, 0, batch=batch, seq=seq, microbatches=m,
                         param_dtype=dtype, reduce_dtype=dtype, act_dtype=dtype,
                         sequence_parallel=sp)
+    if zero1 and dims.dp_replicate > 1:  # the distributed optimizer accumulates the micro-
+        times["replicate_all_reduce"] /= m  # batches' gradients and reduces them once a step
     data = times["all_gather"] + times["reduce_scatter"] + times["replicate_all_reduce"]
     share = attention_share(cfg, seq) if hasattr(cfg, "n_heads") else 0.0
     tokens = micro * seq // dims.cp
-    link = cluster.ring_link(dims.span("pp")).bytes_per_s
+    link = cluster.send_link(dims.span("pp")).bytes_per_s  # the sender's own port
     send = tokens * shape.d_model * bytes_per_element(dtype) / link  # one activation
     total = {"fsdp": data, "tp": times["tp"], "cp": times["cp"], "pp": 2 * (dims.pp - 1) * send}
     exposed = {"fsdp": max(0.0, data - compute), "tp": times["tp"],
                "cp": max(0.0, times["cp"] - compute * share), "pp": total["pp"]}
     step = compute + bubble + sum(exposed.values())
     return Plan(dims, m, memory, acc.hbm_bytes, compute, bubble, exposed,
-                flops / (step * n * peak), total)
+                flops / (step * n * peak), total, zero1 and dims.dp_replicate > 1)
 
 
 def _factorizations(n: int, k: int):
@@ -180,9 +216,12 @@ def meshes(cfg, cluster: hardware.Cluster, *, n_devices: int, batch: int, seq: i
 
 def plan(cfg, cluster: str | hardware.Cluster, *, n_devices: int, batch: int, seq: int,
          recipe: str = "bf16_mixed_adamw", dtype: str = "bf16", efficiency: float = 1.0,
-         fixed: dict[str, int] | None = None, microbatches: int | None = None) -> list[Plan]:
+         fixed: dict[str, int] | None = None, microbatches: int | None = None,
+         zero1: bool = True) -> list[Plan]:
     """Every valid mesh with its best micro-batch count (every divisor of the per-replica batch,
-    or `microbatches`), ranked: the ones that fit by step time, then the rest by memory."""
+    or `microbatches`), ranked: the ones that fit by step time (ties by traffic, then by fewer
+    axes, then by memory), then the rest by memory. `zero1`: the dp_replicate copies shard their
+    optimizer (the default) or hold it whole."""
     cl = hardware.get_cluster(cluster) if isinstance(cluster, str) else cluster
     if not isinstance(cl, hardware.Cluster):
         raise TypeError(f"cluster must be a name such as 'dgx-h100' or a Cluster, got {cluster!r}")
@@ -194,7 +233,7 @@ def plan(cfg, cluster: str | hardware.Cluster, *, n_devices: int, batch: int, se
         per_replica = batch // dims.dp
         counts = [microbatches] if microbatches else _divisors(per_replica)
         options = [evaluate(cfg, cl, dims, batch=batch, seq=seq, microbatches=k, recipe=recipe,
-                            dtype=dtype, efficiency=efficiency)
+                            dtype=dtype, efficiency=efficiency, zero1=zero1)
                    for k in counts if per_replica % k == 0]
         if not options:
             raise ValueError(f"microbatches ({microbatches}) does not divide the per-replica "
@@ -203,8 +242,43 @@ def plan(cfg, cluster: str | hardware.Cluster, *, n_devices: int, batch: int, se
     return sorted(best, key=_rank)
 
 
+def _same(seconds: float) -> float:
+    """A time to 9 significant digits: meshes that hide all their communication tie exactly, up
+    to the rounding of the sums that give them."""
+    return float(f"{seconds:.9g}")
+
+
 def _rank(p: Plan) -> tuple:
-    return (not p.fits, p.step_s if p.fits else p.memory.total)
+    if not p.fits:
+        return (True, p.memory.total)
+    return (False, _same(p.step_s), _same(p.traffic_s), p.n_axes, p.memory.total)
+
+
+def ties(plans: list[Plan]) -> list[Plan]:
+    """The plans that fit and tie with the first on step time (the ranking's first rule), in
+    rank order: the first is the one the tie-breaks chose."""
+    if not plans or not plans[0].fits:
+        return []
+    return [p for p in plans if p.fits and _same(p.step_s) == _same(plans[0].step_s)]
+
+
+def crossing_axes(dims: parallel.ParallelDims, cluster: hardware.Cluster) -> tuple[str, ...]:
+    """The mesh axes above 1 whose process groups span more ranks than a node holds (their
+    collectives cross the network), in `parallel.MESH_AXES` order."""
+    if not isinstance(cluster, hardware.Cluster):
+        raise TypeError(f"cluster must be a hardware.Cluster, got {type(cluster).__name__}")
+    return tuple(a for a in parallel.MESH_AXES
+                 if getattr(dims, a) > 1 and dims.span(a) > cluster.per_node)
+
+
+# --- the examples of chapter 09 and the one-pager -----------------------------------------------
+
+LARGE_SIZES = dict(vocab_size=128_256, context_length=4_096, d_model=8_192, n_layers=80,
+                   n_heads=64, d_ff=28_672)
+"""Llama 3 70B's sizes (Dubey et al., 2024) in the book's architecture, without its grouped-query
+attention: the across-nodes example (`TransformerConfig(**LARGE_SIZES)`)."""
+LARGE_RUN = {"n_devices": 64, "batch": 512, "seq": 4_096}
+"""The across-nodes example's devices (8 DGX nodes) and global batch (2 M tokens a step)."""
 
 
 # --- the decision tree as a map: the planner's first choice over batch and sequence length ------
@@ -233,6 +307,35 @@ def first_choices(cfg, cluster: str | hardware.Cluster, *, n_devices: int, batch
                 plans = []
             out[(batch, seq)] = plans[0] if plans and plans[0].fits else None
     return out
+
+
+DATA_FAMILIES = ("dp", "fsdp", "dp+fsdp")
+"""The families of data parallelism alone: copies, shards, or both (HSDP)."""
+
+
+def map_facts(choices: dict[tuple[int, int], Plan | None]) -> dict[str, Any]:
+    """What a map of `first_choices` shows, for the sentences that describe it. At the shortest
+    sequence ("short"): the smallest batch from which every first choice is data parallelism alone
+    ("dp_from", None if none is), and whether every smaller batch cuts the model, TP in its mesh
+    ("cut_below"). At the largest batch: the shortest sequence whose choice has CP ("cp_from").
+    The longest sequence at which something fits ("long"), whether every batch there has CP
+    ("cp_at_long"), and the shortest at which nothing fits ("none", None if everything fits)."""
+    if not choices:
+        raise ValueError("choices must map at least one (batch, seq) to a plan")
+    batches, seqs = sorted({b for b, _ in choices}), sorted({s for _, s in choices})
+    fam = {k: family(p.dims) if p is not None else "" for k, p in choices.items()}
+    short, big = seqs[0], batches[-1]
+    data = [b for b in batches if all(fam[(c, short)] in DATA_FAMILIES
+                                      for c in batches if c >= b)]
+    dp_from = data[0] if data else None
+    fitting = [s for s in seqs if any(choices[(b, s)] for b in batches)]
+    long = max(fitting) if fitting else None
+    return {"short": short, "dp_from": dp_from,
+            "cut_below": all("tp" in fam[(b, short)] for b in batches
+                             if dp_from is None or b < dp_from),
+            "cp_from": next((s for s in seqs if "cp" in fam[(big, s)]), None), "long": long,
+            "cp_at_long": long is not None and all("cp" in fam[(b, long)] for b in batches),
+            "none": next((s for s in seqs if not any(choices[(b, s)] for b in batches)), None)}
 
 
 # --- the planner on a machine it can be checked on ----------------------------------------------

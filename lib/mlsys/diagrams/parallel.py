@@ -227,7 +227,9 @@ def axis_links(dims: parallel.ParallelDims, cluster) -> dict[str, tuple[bool, ha
         if not inside and c.inter_node is None:
             raise ValueError(f"{c.name}: {axis} groups cross nodes, and it has no link between "
                              "nodes")
-        out[axis] = (inside, c.intra_node if inside else c.inter_node)
+        groups = {dims.group_ranks(rank, axis) for rank in range(dims.world_size)}
+        out[axis] = (inside, c.send_link(dims.span(axis)) if axis == "pp" else
+                     min((c.group_link(g) for g in groups), key=lambda link: link.bytes_per_s))
     return out
 
 

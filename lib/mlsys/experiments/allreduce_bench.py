@@ -13,14 +13,16 @@ memory and the kernel's loopback. On GPUs the ranks are NCCL processes, one per 
 with one GPU cannot run 2 ranks, so it records one-rank rows (no bytes cross a link) and a row
 that says why. `third_party_fit` fits the same model to the seed's 2-GPU NCCL table.
 `collectives_table` tabulates every collective's bytes, and `ring_check` / `ring_table` check the
-hand-written ring against `dist.all_reduce` on live ranks. A little over 300 lines: one module,
-since the live run, the seed's table and the ring are read with the same alpha-beta model and
-bandwidths, on the same page. Used in: §sec-data-parallel (chapter 08).
+hand-written ring against `dist.all_reduce` on live ranks. Over 300 lines: one module, since the
+live run, the seed's table and the ring are read with the same alpha-beta model and bandwidths,
+on the same page, and its verdicts name what crowds the ranks (`crowded`).
+Used in: §sec-data-parallel (chapter 08).
 """
 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,7 +88,8 @@ def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
     acc = hardware.detect() if device == "cuda" else None
     rows.append({"kind": "setup", "device": env.device_name(), "backend": backend,
                  "link": acc.interconnect_name if acc else None,
-                 "link_bytes_per_s": acc.interconnect_bytes_per_s if acc else None})
+                 "link_bytes_per_s": acc.interconnect_bytes_per_s if acc else None,
+                 "cores": os.cpu_count()})
     return rows
 
 
@@ -117,12 +120,34 @@ def table(rows: list[dict[str, Any]]) -> Table:
     return Table(["ranks", "MiB", "ms (p20–p80)", "algbw GB/s", "busbw GB/s", "fit ms"], out)
 
 
+def crowded(rows: list[dict[str, Any]]) -> str:
+    """A sentence when more gloo ranks ran than the machine has cores (so a rank waits for a
+    core, and its times scatter), else ""."""
+    st, worlds = setup(rows), [r["world_size"] for r in rows if r["kind"] == "point"]
+    cores = st.get("cores")
+    if st["backend"] != "gloo" or not cores or not worlds or max(worlds) <= cores:
+        return ""
+    return (f"{max(worlds)} gloo ranks shared {cores} cores and one memory, so ranks waited "
+            f"for a core")
+
+
+def _bus_band(r: dict[str, Any]) -> tuple[float, float]:
+    """The bus bandwidths of a point's p80 and p20 times: its p20-p80 band."""
+    return tuple(comms_cost.bus_bandwidth("all_reduce", r["message_bytes"], r[t], r["world_size"])
+                 for t in ("p80_s", "p20_s"))
+
+
 def verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
-    """The fitted alpha and beta per rank count, against the link; algbw vs busbw across counts."""
+    """The fitted alpha and beta per rank count, against the link; algbw vs busbw across counts.
+    Withheld when noisy, naming first any crowding of ranks on cores (`crowded`); the bus
+    bandwidth's change across rank counts is given anyway when it lies beyond both points'
+    p20-p80 bands, since noise does not move a whole band."""
     points = [r for r in rows if r["kind"] == "point"]
     problems = [p for r in points for p in r["problems"]]
     problems += [f"{r['world_size']} ranks: {r['error']}" for r in rows
                  if r["kind"] == "fit" and "error" in r]
+    if problems and crowded(rows):
+        problems.insert(0, crowded(rows))
     models, link = fits(rows), setup(rows)["link_bytes_per_s"]
     if not models and not any(r["kind"] == "fit" for r in rows):
         text = ("one rank only: an all-reduce over one rank crosses no link, so there is no alpha "
@@ -141,6 +166,7 @@ def verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
     largest_size = max(r["message_bytes"] for r in points)
     at = sorted((r for r in points if r["message_bytes"] == largest_size),
                 key=lambda r: r["world_size"])
+    beyond = False
     if len(at) > 1:
         lo, hi = at[0], at[-1]
         algbw = hi["algbw_bytes_per_s"] / lo["algbw_bytes_per_s"]
@@ -150,9 +176,16 @@ def verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
         bands = (f"from {lo['world_size']} to {hi['world_size']} ranks at "
                  f"{num(largest_size / MIB)} MiB, the algorithm bandwidth changed {algbw:.2f}x and "
                  f"the bus bandwidth {busbw:.2f}x (a ring on equal links: {ring:.2f}x and 1x)")
+        (lo_min, lo_max), (hi_min, hi_max) = _bus_band(lo), _bus_band(hi)
+        if hi_max < lo_min or hi_min > lo_max:
+            beyond = True
+            bands += (f"; the bus bandwidth {'fell' if hi_max < lo_min else 'rose'} beyond both "
+                      f"points' p20-p80 bands, so not noise: the ranks do not each have a link "
+                      f"of their own" + (f": {crowded(rows)}" if crowded(rows) else ""))
     else:
         bands = "one rank count: nothing to compare across rank counts"
-    return {"fit": verdict("; ".join(parts), problems), "bandwidths": verdict(bands, problems)}
+    return {"fit": verdict("; ".join(parts), problems),
+            "bandwidths": verdict(bands, [] if beyond else problems)}
 
 
 def plot(rows: list[dict[str, Any]], axes) -> None:

@@ -5,9 +5,10 @@ weights and AdamW, matmuls under torch.autocast: `policy("fp32_adamw", autocast=
 "pure bf16" (`bf16_pure_adamw`: weights, gradients and moments in bf16). For every preset, run and
 sequence length, three callables are timed round-robin: the forward pass (autograd on, as in
 training), forward and backward, and the whole step. On a GPU each callable's peak allocation is
-read too. A row that runs out of memory is kept as such. On a CPU without bf16 matrix units
-(`mlsys.env` reports the machine) bf16 matmuls are far slower than fp32, so there the rows show
-what runs, never a speed-up; the GPU record answers the speed question. Used in:
+read too. A row that runs out of memory is kept as such. Two probes run in the same rounds: the
+model's w1 matmul ((batch x seq, d_model) @ (d_model, d_ff)) in fp32 and in bf16, so the rows say
+how fast this device's bf16 matmuls of the model's shape are, measured, beside the steps. A CPU's
+rows say what runs there; the GPU record answers the speed question. Used in:
 §sec-mixed-precision.
 """
 
@@ -26,12 +27,14 @@ from mlsys.dtypes import torch_dtype
 from mlsys.experiments import Experiment, kit, timing_fields, timing_of
 from mlsys.experiments.kit import setup
 from mlsys.models.config import PRESETS, TransformerConfig
+from mlsys.probes import gemm_probe
 from mlsys.training import make_policy_step, next_token_loss, policy
 
 RUNS = {"fp32": ("fp32_adamw", None), "bf16 autocast": ("fp32_adamw", "bf16"),
         "pure bf16": ("bf16_pure_adamw", None)}
 """Run label -> (policy name, autocast dtype)."""
 MODES = ("forward", "forward+backward", "step")
+PROBE_DTYPES = ("fp32", "bf16")
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,9 @@ def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
                 step = make_policy_step(model, batches[seqs[0]], policy(name, autocast=autocast))
                 for seq in seqs:
                     fns = _callables(step, batches[seq])
+                    for dt in PROBE_DTYPES:  # the model's w1 matmul, timed in the same rounds
+                        fns[f"matmul {dt}"] = gemm_probe(s.batch * seq, cfg.d_model, cfg.d_ff,
+                                                         dtype=dt, device=device).fn
                     timings = bench.benchmark_interleaved(fns, warmup=s.warmup,
                                                           repeats=s.repeats, device=device)
                     row = {**base, "seq": seq, "status": "ok",
@@ -118,6 +124,8 @@ def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
                     for mode in MODES:
                         row[mode] = timing_fields(timings[mode])
                         row[f"{mode} peak_bytes"] = _peak_bytes(fns[mode], model, device)
+                    for dt in PROBE_DTYPES:
+                        row[f"matmul {dt}"] = timing_fields(timings[f"matmul {dt}"])
                     rows.append(row)
                     done.add(seq)
             if oom.happened:
@@ -175,8 +183,10 @@ def speedups(rows: list[dict[str, Any]], mode: str = "step") -> list[dict[str, A
 
 
 def verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
-    """"speed": the largest row's runs compared; "floor": how each run's step time follows the
-    tokens at the first preset; "memory": peaks compared (GPU). Withheld when noisy."""
+    """"speed": the largest row's runs compared, and the bf16/fp32 matmul probe timed with them;
+    "floor": how each run's step time follows the tokens at the first preset; "memory": peaks
+    compared (GPU); "text": the first two as the page's sentence (once when both are withheld).
+    Withheld when noisy."""
     ok = measured(rows)
     problems = [f"{r['preset']} {r['run']} at {r['seq']}: {p}" for r in ok for p in r["problems"]]
     cpu = setup(rows)["device_type"] == "cpu"
@@ -185,9 +195,12 @@ def verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
     parts = [compare_speed(run, same[run]["step"]["median_s"], "fp32",
                            same["fp32"]["step"]["median_s"]) for run in same if run != "fp32"]
     speed = f"{big['preset']} at {big['seq']} tokens, one step: " + "; ".join(parts)
+    probe = matmul_speedup(big)
+    if probe is not None:
+        speed += (f"; the model's w1 matmul ran {probe:.2f}x as fast in bf16 as in fp32 in the "
+                  "same rounds")
     if cpu:
-        speed += (" (on a CPU, whose bf16 matmuls have no matrix units behind them: this says "
-                  "nothing about a GPU, whose record answers the question)")
+        speed += " (a CPU: this says nothing about a GPU, whose record answers the question)"
     first = ok[0]["preset"]
     floor = []
     for run in RUNS:
@@ -205,8 +218,20 @@ def verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
     else:
         memory = ", ".join(f"{run} {peaks[run] / peaks['fp32']:.2f}x" for run in peaks
                            if run != "fp32") + " the fp32 step's peak"
-    return {"speed": verdict(speed, problems), "floor": verdict(floor_text, problems),
-            "memory": memory}
+    out = {"speed": verdict(speed, problems), "floor": verdict(floor_text, problems),
+           "memory": memory}
+    withheld = out["speed"] == out["floor"]  # both withheld for the same noise: say it once
+    out["text"] = (out["speed"][0].upper() + out["speed"][1:] + "." if withheld else
+                   f"On this machine: {out['speed']}. How the step time follows the tokens: "
+                   f"{out['floor']}.")
+    return out
+
+
+def matmul_speedup(row: dict[str, Any]) -> float | None:
+    """fp32 time / bf16 time of the w1 matmul probe timed with `row` (None in rows without it)."""
+    if any(f"matmul {dt}" not in row for dt in PROBE_DTYPES):
+        return None
+    return row["matmul fp32"]["median_s"] / row["matmul bf16"]["median_s"]
 
 
 def plot(rows: list[dict[str, Any]], ax, *, mode: str = "step") -> None:

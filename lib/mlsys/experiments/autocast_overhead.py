@@ -10,7 +10,11 @@ launch. This experiment measures both, per preset, on one fp32 model with AdamW:
   about one kernel each, the optimizer's fused `_foreach_` ops excepted);
 - the forward and the step timed with and without autocast at each length, round-robin with the
   weight casts alone (`w.to(bf16)` for every matmul weight), a copy (the bandwidth those bytes
-  move at) and a stream of tiny ops (the cost of one op: launch and dispatch);
+  move at), a stream of tiny ops (the cost of one op: launch and dispatch) and the model's w1
+  matmul at the shortest length in fp32 and in bf16 (how fast this device's bf16 matmuls are);
+- how the step follows the tokens: "flat" only when the longest length took less than `FLAT`
+  times the shortest's time; between that and the tokens' own ratio, a fixed part plus work,
+  the fixed part read off the straight line through the two lengths;
 - per preset, sentences built from those numbers (`verdicts`), and `seed_verdict`, which reads the
   seed's own tables (`third_party.CS336_STUDENT_AMP`). Used in: §sec-mixed-precision.
 """
@@ -29,10 +33,12 @@ from mlsys.counters import ByteCounter
 from mlsys.experiments import Experiment, kit, timing_fields, timing_of
 from mlsys.experiments.kit import setup
 from mlsys.models.config import PRESETS, TransformerConfig
-from mlsys.probes import copy_probe, op_overhead_probe
+from mlsys.probes import copy_probe, gemm_probe, op_overhead_probe
 from mlsys.training import make_train_step, next_token_loss
 
 RUNS = ("fp32", "bf16 autocast")
+FLAT = 1.25
+"""A step "flat in the tokens" took less than this many times as long at the longest length."""
 PHASES = ("forward", "backward", "optimizer")
 OPS_PER_PROBE = 100
 
@@ -103,6 +109,9 @@ def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
         make_train_step(model, optimizer, first.to(device))()  # AdamW's moments exist from here
         fns = {"weight casts": lambda weights=weights: [w.to(torch.bfloat16) for w in weights],
                "copy": copy.fn, "tiny ops": tiny.fn}
+        for dt in ("fp32", "bf16"):  # the model's w1 matmul at the shortest length
+            fns[f"matmul {dt}"] = gemm_probe(s.batch * s.seqs[0], cfg.d_model, cfg.d_ff,
+                                             dtype=dt, device=device).fn
         for seq in (q for q in s.seqs if q <= cfg.context_length):
             tokens = torch.randint(cfg.vocab_size, (s.batch, seq + 1), generator=gen).to(device)
             for run_name in RUNS:
@@ -157,6 +166,13 @@ def costs(p: dict[str, Any]) -> dict[str, float]:
             "casts_predicted_s": p["weight_cast_bytes"] / bandwidth}
 
 
+def matmul_speedup(p: dict[str, Any]) -> float | None:
+    """fp32 time / bf16 time of a preset's w1 matmul probe (None in records without it)."""
+    if not {"matmul fp32", "matmul bf16"} <= set(p["timings"]):
+        return None
+    return seconds(p, "matmul fp32") / seconds(p, "matmul bf16")
+
+
 def table(rows: list[dict[str, Any]]) -> Table:
     """Per preset, length and run: ops per phase (casts among them), forward and step ms."""
     body = []
@@ -177,7 +193,10 @@ def table(rows: list[dict[str, Any]]) -> Table:
 
 def verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
     """Per preset, at its shortest length: autocast's extra ops and cast bytes, what they cost at
-    the measured unit costs, and which of them can set the floor. Withheld when noisy."""
+    the measured unit costs; then how the step grew to the longest length: "follows its work"
+    from 0.8x the tokens' ratio up, "not flat" with the fixed part of the line through both
+    lengths from `FLAT` up, and below `FLAT` "flat", with the part that sets the floor (the
+    weight casts or bare launches where either is half the step). Withheld when noisy."""
     out = {}
     cpu = setup(rows)["device_type"] == "cpu"
     for name, p in presets(rows).items():
@@ -201,22 +220,31 @@ def verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
                 f"(fp32: {num(t32 * 1e3)} ms): bare op launches are {launch_share:.0%} of it, "
                 f"the weight casts {casts_share:.0%}")
         grew = seconds(p, f"bf16 autocast step {seqs[-1]}") / t16 if len(seqs) > 1 else None
+        tokens = seqs[-1] / seq
         if grew is not None:
-            text += (f"; at {seqs[-1]} tokens ({seqs[-1] / seq:.0f}x) it took {grew:.2f}x as "
-                     "long")
-        if casts_share >= 0.5:
-            text += ": the floor is the weight casts"
-        elif launch_share >= 0.5:
-            text += ": the floor is launching ops"
-        elif grew is not None and grew < 0.5 * (1 + seqs[-1] / seq):
-            text += (f": flat in the tokens, yet neither the casts nor bare launches fill it; the "
-                     f"rest is the framework's cost per op (Python, autograd, dispatch: "
-                     f"{num(t16 / ops16 * 1e6)} µs per op at this floor; fp32's step "
-                     f"{num(t32 / ops32 * 1e6)} µs)")
-        else:
+            text += f"; at {seqs[-1]} tokens ({tokens:.0f}x) it took {grew:.2f}x as long"
+        if grew is None:
+            text += ": one length only, so nothing is said about a floor"
+        elif grew >= 0.8 * tokens:
             text += ": the step follows its work"
-        if cpu:
-            text += " (a CPU: its bf16 matmuls are slow for want of bf16 units, not for casts)"
+        elif grew >= FLAT:
+            fixed = t16 - (grew - 1) * t16 / (tokens - 1)  # the line through both lengths, at 0
+            text += (f": not flat (that needs under {FLAT}x), and less than the {tokens:.0f}x of "
+                     f"the tokens: a fixed part of about {num(fixed * 1e3)} ms (the line through "
+                     "both lengths, at zero tokens) plus work that grows with them")
+        elif casts_share >= 0.5:
+            text += ": flat, and the floor is the weight casts"
+        elif launch_share >= 0.5:
+            text += ": flat, and the floor is launching ops"
+        else:
+            text += (f": flat in the tokens (under {FLAT}x), yet neither the casts nor bare "
+                     f"launches fill it; the rest is the framework's cost per op (Python, "
+                     f"autograd, dispatch: {num(t16 / ops16 * 1e6)} µs per op at this floor; "
+                     f"fp32's step {num(t32 / ops32 * 1e6)} µs)")
+        speedup = matmul_speedup(p)
+        if cpu and speedup is not None:
+            text += (f" (a CPU, where the model's w1 matmul ran {speedup:.2f}x as fast in bf16 "
+                     "as in fp32 in the same rounds)")
         out[name] = verdict(text, p["problems"])
     return out
 

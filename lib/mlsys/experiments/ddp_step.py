@@ -16,14 +16,15 @@ One launch of `world_size` ranks trains the book's model (next-token loss, AdamW
 A sample is the slowest rank's, step by step. A machine with one GPU runs one rank (no link is
 crossed) and says so. `ddp_step_seed` predicts the seed's 2-GPU xl run from its own all-reduce
 table. What runs (on each rank and in the parent) is `ddp_step_run`; this module reads the rows.
-Used in: §sec-data-parallel (chapter 08).
+A little over 300 lines: the verdicts (`communication_miss` among them) sit beside the tables and
+the plot that show the same rows. Used in: §sec-data-parallel (chapter 08).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from mlsys import bench
+from mlsys import bench, checks
 from mlsys.accounting import comms as comms_cost
 from mlsys.accounting.buckets import best_bucket_cap, bucket_bytes, overlap_exposed_s
 from mlsys.book import Table, num, verdict
@@ -47,10 +48,15 @@ def _backward_s(rows: list[dict[str, Any]]) -> float:
     return next(r for r in rows if r.get("variant") == "naive")["backward"]["median_s"]
 
 
+def bucket_mb(rows: list[dict[str, Any]]) -> float:
+    """The bucketed variant's cap in MiB (a record from before it was chosen per size: 25)."""
+    return setup(rows).get("bucket_mb", 25.0)
+
+
 def predicted_communication_s(rows: list[dict[str, Any]], variant: str) -> float | None:
     """Communication after the backward predicted from bytes and the fitted alpha and beta:
     one all-reduce per tensor (naive), one of all (flat), the exposed rest of per-tensor or
-    25 MiB-bucket all-reduces started during the backward (overlapped, bucketed)."""
+    bucket all-reduces (`bucket_mb`) started during the backward (overlapped, bucketed)."""
     fit, st = alpha_beta(rows), setup(rows)
     if fit is None:
         return None
@@ -60,7 +66,7 @@ def predicted_communication_s(rows: list[dict[str, Any]], variant: str) -> float
         return comms_cost.all_reduces_s(sizes, w, **ab)
     if variant == "flat":
         return comms_cost.all_reduces_s([sum(sizes)], w, **ab)
-    groups = sizes if variant == "overlapped" else bucket_bytes(sizes, 25.0 * MIB)
+    groups = sizes if variant == "overlapped" else bucket_bytes(sizes, bucket_mb(rows) * MIB)
     return overlap_exposed_s(groups, _backward_s(rows), w, **ab)
 
 
@@ -101,24 +107,72 @@ def zero_table(rows: list[dict[str, Any]]) -> Table:
                   "predicted sent MiB"], out)
 
 
+MISS = 1.25
+"""A variant's communication misses its prediction when it is off by more than this factor and
+the prediction lies outside its own p20-p80 band; every variant missing the same way is a
+systematic miss of the model, not noise."""
+
+
+def communication_miss(measured: dict[str, dict[str, float]], predicted: dict[str, float],
+                       cause: str = "") -> tuple[str, bool]:
+    """(sentence, systematic) for each variant's measured communication (a timing row: median_s,
+    p20_s, p80_s) against its `predicted` seconds: systematic when every variant misses (`MISS`)
+    the same way, which noise does not do; then `cause` is given."""
+    ratio = {n: measured[n]["median_s"] / checks.positive(t, f"predicted[{n!r}]")
+             for n, t in predicted.items()}
+    listed = ", ".join(f"{n} {r:.2f}x" for n, r in ratio.items())
+    slow = [n for n, r in ratio.items() if r >= MISS and measured[n]["p20_s"] > predicted[n]]
+    fast = [n for n, r in ratio.items() if r <= 1 / MISS and measured[n]["p80_s"] < predicted[n]]
+    said = f"communication took {listed} its prediction"
+    if ratio and (len(slow) == len(ratio) or len(fast) == len(ratio)):
+        way = "slower" if slow else "faster"
+        return (f"{said}: {way} in every variant, each by more than {MISS:g}x and beyond its own "
+                f"p20-p80 band, so a systematic miss of the model, not noise"
+                + (f"; {cause}" if cause else ""), True)
+    if not slow and not fast:
+        return f"{said}: no variant misses it beyond {MISS:g}x and its own p20-p80 band", False
+    beyond = "; ".join(f"{way} beyond the noise: {', '.join(names)}"
+                       for way, names in (("slower", slow), ("faster", fast)) if names)
+    rest = "; the rest within it" if len(slow) + len(fast) < len(ratio) else ""
+    return (f"{said} ({beyond}{rest}): not a miss every variant shares, so not one bias of the "
+            f"model", False)
+
+
+def _cause(st: dict[str, Any]) -> str:
+    """What differs between the probes that fitted alpha and beta and the step's all-reduces."""
+    where = (f"on the {st['cores']} cores that {st['world_size']} {st['backend']} ranks share "
+             f"with the backward's and optimizer's threads" if st.get("cores") and
+             st["backend"] == "gloo" else "beside the backward's kernels")
+    return (f"likely cause: the probes that fitted alpha and beta timed all-reduces alone, back "
+            f"to back on one buffer, while the step's run {where}, on gradients just written")
+
+
 def verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
-    """Sentences computed from the rows: breakdown, flat, overlap, buckets, torch, accumulation,
-    zero. Timing sentences are withheld when the steps were too noisy."""
+    """Sentences computed from the rows: breakdown, miss, flat, overlap, buckets, torch,
+    accumulation, zero. Timing sentences are withheld when the steps were too noisy, except the
+    breakdown and overlap when every variant's communication misses its prediction the same way
+    (`communication_miss`): their numbers then show the miss, which noise does not explain."""
     st, fit = setup(rows), alpha_beta(rows)
     v = {r["variant"]: r for r in rows if r["kind"] == "variant"}
     timings = {f"{n} {p}": timing_of(r[p]) for n, r in v.items() for p in ("step",
                                                                             "communication")}
     problems = bench.noise_problems(timings)
+    keys = ("breakdown", "miss", "flat", "overlap", "buckets")
     if st["world_size"] == 1:
         alone = f"one rank: nothing crosses a link ({st['note']})"
-        return dict.fromkeys(("breakdown", "flat", "overlap", "buckets", "torch",
-                              "accumulation", "zero"), alone)
+        return dict.fromkeys((*keys, "torch", "accumulation", "zero"), alone)
     if fit is None:  # the probes' times did not grow with their size: no prediction to show
         problems.append(kit.first(rows, "fit")["error"])
-    text = _timing_verdicts(rows, v, fit, st) if fit is not None else dict.fromkeys(
-        ("breakdown", "flat", "overlap", "buckets"), "")
-    for key in ("breakdown", "flat", "overlap", "buckets"):
-        text[key] = verdict(text[key], problems)
+    text, systematic = dict.fromkeys(keys, ""), False
+    if fit is not None:
+        text = _timing_verdicts(rows, v, fit, st)
+        text["miss"], systematic = communication_miss(
+            {n: r["communication"] for n, r in v.items()},
+            {n: predicted_communication_s(rows, n) for n in v}, _cause(st))
+    for key in keys:
+        shown = key == "miss" and fit is not None or systematic and key in ("breakdown",
+                                                                             "overlap")
+        text[key] = verdict(text[key], [] if shown else problems)
     return {**text, **_count_verdicts(rows)}
 
 
@@ -136,11 +190,14 @@ def _timing_verdicts(rows, v, fit, st) -> dict[str, str]:
                     f"{naive['all_reduce_calls']} for the same bytes; its communication took "
                     f"{flat['communication']['median_s'] / naive['communication']['median_s']:.2f}"
                     f"x the naive one's")
+    n_buckets = len(bucket_bytes(st["tensor_bytes"], bucket_mb(rows) * MIB))
     text["overlap"] = "; ".join(
         f"{n}: {v[n]['communication']['median_s'] * 1e3:.3g} ms left after the backward "
         f"(model {predicted_communication_s(rows, n) * 1e3:.3g} ms), step "
         f"{v[n]['step']['median_s'] / naive['step']['median_s']:.2f}x naive's"
-        for n in ("overlapped", "bucketed"))
+        for n in ("overlapped", "bucketed")) + (
+        f" (bucketed: {n_buckets} bucket{'s' * (n_buckets > 1)} of at most "
+        f"{num(bucket_mb(rows))} MiB{'; one bucket overlaps nothing' * (n_buckets == 1)})")
     caps = [r for r in rows if r["kind"] == "bucket"]
     best_measured = min(caps, key=lambda r: r["communication"]["median_s"])
     cap, _ = best_bucket_cap(st["tensor_bytes"], _backward_s(rows), st["world_size"],
@@ -172,7 +229,7 @@ def _count_verdicts(rows) -> dict[str, str]:
                             f"each micro-batch {num(each['sent_bytes'] / MIB)} MiB; saved "
                             f"activations per micro-batch fell "
                             f"{one['saved_activation_bytes'] / last['saved_activation_bytes']:.2f}x"
-                            f" while the gradients stayed the same size")
+                            f" while the gradients, replicated, stayed the same size")
     zero = [r for r in rows if r["kind"] == "zero"]
     exact = all(r["held"][k] == r["predicted"][k] for r in zero for k in
                 ("weights", "grads", "optimizer"))

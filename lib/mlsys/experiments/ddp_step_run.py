@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -46,15 +47,19 @@ class Sizes:
     bucket_sizes_mb: tuple[float, ...]
     micro_batches: tuple[int, ...]
     probe_bytes: tuple[int, ...]
+    bucket_mb: float  # the bucketed variant's, torch's and accumulation's cap: several buckets
 
 
 SIZES = {
-    "smoke": Sizes("debug", 2, 2, 32, 1, 3, (0.05, 0.25, 25.0), (1, 2), (2**12, 2**16, 2**22)),
+    "smoke": Sizes("debug", 2, 2, 32, 1, 3, (0.05, 0.25, 25.0), (1, 2), (2**12, 2**16, 2**22),
+                   0.25),  # 0.87 MiB of gradients: 4 buckets
     "cpu": Sizes("laptop", 2, 4, 64, 2, 8, (0.5, 2.0, 8.0, 25.0), (1, 2, 4),
-                 (2**12, 2**16, 2**20, 2**25)),
+                 (2**12, 2**16, 2**20, 2**25), 4.0),  # 24 MiB: 7 buckets (25 MiB would be 1)
     "gpu": Sizes("medium", 2, 4, 512, 3, 10, (1.0, 5.0, 25.0, 100.0), (1, 2, 4),
-                 (2**16, 2**20, 2**24, 2**28)),
+                 (2**16, 2**20, 2**24, 2**28), 25.0),  # 1.6 GiB: 75 buckets, PyTorch's cap
 }
+"""Sizes per profile. `bucket_mb` is chosen so that the bucketed variant has several buckets:
+PyTorch's 25 MiB would hold all of the laptop preset's 24 MiB of gradients in one."""
 
 
 # --- on each rank ---------------------------------------------------------------------------------
@@ -112,7 +117,7 @@ def measure(rank, s: Sizes) -> dict[str, Any]:
 
     out: dict[str, Any] = {"probe": time_all_reduces(rank, s.probe_bytes, 1, s.steps)}
     for variant in VARIANTS:
-        wrapped = ddp.apply_ddp(fresh(), variant, group=group)
+        wrapped = ddp.apply_ddp(fresh(), variant, group=group, bucket_size_mb=s.bucket_mb)
         out[variant] = timed(wrapped)
     out["tensor_bytes"] = [p.numel() * p.element_size() for p in wrapped.trainable][::-1]
     out["buckets"] = {}
@@ -124,7 +129,7 @@ def measure(rank, s: Sizes) -> dict[str, Any]:
     out["accumulation"] = []
     for k in s.micro_batches:
         for sync_each in (False, True) if k > 1 else (False,):
-            wrapped = ddp.BucketedDDP(fresh(), group)
+            wrapped = ddp.BucketedDDP(fresh(), group, bucket_size_mb=s.bucket_mb)
             out["accumulation"].append({"micro_batches": k, "sync_each": sync_each,
                                         **timed(wrapped, micro=k, sync_each=sync_each)})
     del wrapped
@@ -132,7 +137,8 @@ def measure(rank, s: Sizes) -> dict[str, Any]:
     for stage in (0, 1, 2):
         model = fresh()
         if stage == 0:
-            wrapped, opt = ddp.BucketedDDP(model, group), adamw(model.parameters())
+            wrapped = ddp.BucketedDDP(model, group, bucket_size_mb=s.bucket_mb)
+            opt = adamw(model.parameters())
         else:
             wrapped = None
             opt = zero.ShardedOptimizer(model.parameters(), adamw, group=group, stage=stage,
@@ -150,15 +156,15 @@ def measure(rank, s: Sizes) -> dict[str, Any]:
 
 
 def _against_torch(step, fresh, group, dev, s: Sizes) -> dict[str, Any]:
-    """Our bucketed DDP and torch's DDP (25 MiB buckets, buffers broadcast once), alternating
-    which goes first, step by step."""
-    ours = ddp.BucketedDDP(fresh(), group, bucket_size_mb=25.0)
+    """Our bucketed DDP and torch's DDP (the same cap, `s.bucket_mb`, buffers broadcast once),
+    alternating which goes first, step by step."""
+    ours = ddp.BucketedDDP(fresh(), group, bucket_size_mb=s.bucket_mb)
     options = inspect.signature(torch.nn.parallel.DistributedDataParallel).parameters
     once = ({"forward_sync_buffers": False} if "forward_sync_buffers" in options  # torch 2.13+
             else {"broadcast_buffers": False})
     theirs = torch.nn.parallel.DistributedDataParallel(
         fresh(), device_ids=[dev.index] if dev.type == "cuda" else None, process_group=group,
-        bucket_cap_mb=25, **once)
+        bucket_cap_mb=s.bucket_mb, **once)
     theirs.finish_gradient_synchronization = lambda: None  # torch syncs inside the backward
     pair = {"ours": (ours, torch.optim.AdamW(ours.parameters())),
             "torch": (theirs, torch.optim.AdamW(theirs.parameters()))}
@@ -243,5 +249,5 @@ def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
     rows.append({"kind": "setup", "preset": s.preset, "world_size": world, "batch": s.batch,
                  "seq": s.seq, "n_params": n_params, "tensor_bytes": tensor_bytes,
                  "device": env.device_name(), "backend": launch.default_backend(device),
-                 "note": note})
+                 "note": note, "bucket_mb": s.bucket_mb, "cores": os.cpu_count()})
     return rows

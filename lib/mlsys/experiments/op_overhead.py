@@ -2,11 +2,18 @@
 
 `x.mul_(1.0)` (read and write n fp32 elements, in place) is timed `ops_per_call` times back to back
 per sample at sizes n and 2n, from one element up, with n and 2n interleaved with each other and
-with the copy-bandwidth probe, so a change of load affects all alike. The model is
-T(n) = T0 + 8n / beta, T0 the per-op overhead (the median of the smallest sizes) and beta the copy
-bandwidth measured in the same run; doubling n barely changes T while 8n / beta << T0.
+with two bandwidth probes, so a change of load affects all alike. The model is
+T(n) = T0 + 8n / beta, T0 the per-op overhead (the median of the smallest sizes) and beta the
+bandwidth of the same op in place on a buffer far above the caches (`inplace_probe`), measured in
+the same run; doubling n barely changes T while 8n / beta << T0. The copy probe is kept beside it:
+a copy reads each destination line before writing it (write-allocate, on a CPU), an in-place op
+does not, so the copy's bandwidth understates what `mul_` gets (records made before the in-place
+probe use the copy's). Every size measured under `FAST` times the model is named with its cause:
+a cache, or the overhead overlapping the transfer (`fast_text`).
 Remedies, on a chain of small fma ops: bigger ops, `torch.compile` (one fused kernel), and on a GPU
 a CUDA graph (the launches recorded once and replayed with one call).
+A little over 300 lines as one module: the sweep, its two probes and the remedies are one run and
+one record, and its verdicts read them together.
 Used in: §sec-bytes.
 """
 
@@ -21,7 +28,7 @@ import torch
 from mlsys import bench, env, roofline
 from mlsys.book import Table, compare_speed, num, verdict
 from mlsys.experiments import Experiment, kit, timing_fields
-from mlsys.probes import copy_probe, op_overhead_probe
+from mlsys.probes import Probe, copy_probe, op_overhead_probe
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,16 @@ SIZES = {
 }
 SMALLEST = 4
 """T0 is the median time per op of the `SMALLEST` smallest sizes."""
+FAST = 0.8
+"""A size whose measured time is under this fraction of the model's runs faster than beta allows."""
+
+
+def inplace_probe(n_bytes: int, *, device: str) -> Probe:
+    """`t.mul_(1.0)` on `n_bytes` of fp32, the op of the sweep on a buffer far above the caches:
+    2 * n_bytes per call (read + write of the same lines)."""
+    t = torch.ones(n_bytes // 4, device=device)
+    return Probe(f"in-place mul_ {n_bytes / 2**20:,.0f} MiB", lambda: t.mul_(1.0),
+                 2.0 * t.nbytes, "bytes")
 
 
 def _chain(t: torch.Tensor, k: int) -> torch.Tensor:
@@ -56,25 +73,26 @@ def _chain(t: torch.Tensor, k: int) -> torch.Tensor:
 def run(s: Sizes, *, device: str | None = None) -> list[dict[str, Any]]:
     """Measure the size sweep with its copy probe, then the remedies."""
     device = device or env.device()
-    copy = copy_probe(s.copy_bytes, device=device)
+    copy, inplace = copy_probe(s.copy_bytes, device=device), inplace_probe(s.copy_bytes,
+                                                                           device=device)
     probes = {n: (op_overhead_probe(n, ops_per_call=s.ops_per_call, device=device),
                   op_overhead_probe(2 * n, ops_per_call=s.ops_per_call, device=device))
               for n in s.sizes}
-    fns = {copy.name: copy.fn}
+    fns = {copy.name: copy.fn, inplace.name: inplace.fn}
     for n, (p_n, p_2n) in probes.items():
         fns[f"n={n}"], fns[f"2n={n}"] = p_n.fn, p_2n.fn
     time = dict(warmup=s.warmup, repeats=s.repeats, device=device, min_sample_s=bench.MIN_SAMPLE_S)
     # The verdict reads the probe, the smallest sizes (T0) and the largest pair: those must be
     # steady. Sizes in between cross the caches and are shown, not judged.
-    judged = [copy.name, *(f"n={n}" for n in s.sizes[:SMALLEST]),
+    judged = [copy.name, inplace.name, *(f"n={n}" for n in s.sizes[:SMALLEST]),
               f"n={s.sizes[-1]}", f"2n={s.sizes[-1]}"]
 
     def check(timings: dict[str, bench.Timing]) -> list[str]:
         return bench.noise_problems({name: timings[name] for name in judged})
 
     timings, consistency = bench.measure_consistently(fns, check, attempts=s.attempts, **time)
-    rows = [{"kind": "probe", "name": copy.name, "unit": "bytes", "work": copy.work,
-             **timing_fields(timings[copy.name])}]
+    rows = [{"kind": "probe", "name": p.name, "unit": "bytes", "work": p.work,
+             "in_place": p is inplace, **timing_fields(timings[p.name])} for p in (copy, inplace)]
     for n in s.sizes:
         for label, size in ((f"n={n}", n), (f"2n={n}", 2 * n)):
             t = timings[label]
@@ -147,11 +165,12 @@ def _cuda_graph(x: torch.Tensor, k: int):
 
 @dataclass(frozen=True)
 class Model:
-    """T(n) = overhead_s + 8 n / bytes_per_s, from the smallest sizes and the copy probe of the
-    run."""
+    """T(n) = overhead_s + 8 n / bytes_per_s, from the smallest sizes and the in-place probe of the
+    run (the copy probe in older records: `beta_from`)."""
 
     overhead_s: float
     bytes_per_s: float
+    beta_from: str = "in-place"  # or "copy"
 
     def time_s(self, n: int) -> float:
         return roofline.overhead_time_s(8 * n, self.overhead_s, self.bytes_per_s)
@@ -170,8 +189,10 @@ def per_op(rows: list[dict[str, Any]]) -> dict[int, float]:
 def model(rows: list[dict[str, Any]]) -> Model:
     sizes = sorted({r["of"] for r in rows if r["kind"] == "size"})
     t = per_op(rows)
-    bw = next(r["work"] / r["median_s"] for r in rows if r["kind"] == "probe")
-    return Model(statistics.median(t[n] for n in sizes[:SMALLEST]), bw)
+    probes = [r for r in rows if r["kind"] == "probe"]
+    probe = next((r for r in probes if r.get("in_place")), probes[0])
+    return Model(statistics.median(t[n] for n in sizes[:SMALLEST]),
+                 probe["work"] / probe["median_s"], "in-place" if probe.get("in_place") else "copy")
 
 
 def doubling(rows: list[dict[str, Any]]) -> dict[int, float]:
@@ -215,14 +236,7 @@ def verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
                      f"{max((d[n] for n in small), default=1):.2f}x there "
                      f"(flat up to n = {max(flat, default=0):,}), while at n = {largest:,} "
                      f"doubling costs {d[largest]:.2f}x")
-    t = per_op(rows)
-    middle = [n for n in d if m.flat_n < n < largest]
-    if middle:
-        fastest = min(middle, key=lambda n: t[n] / m.time_s(n))
-        ratio = t[fastest] / m.time_s(fastest)
-        doubling_text += (f"; in between the measurement falls to {ratio:.2f}x the model (at n = "
-                          f"{fastest:,}), " + ("faster than the DRAM bandwidth allows: the data "
-                          "fits in a cache" if ratio < 0.7 else "close to it"))
+    doubling_text += "; " + fast_text(rows)
     remedies = [r for r in rows if r["kind"] == "remedy" and "median_s" in r]
     remedy_problems = kit.first(rows, "remedy consistency")["problems"]
     base = remedies[0]
@@ -236,6 +250,38 @@ def verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
                       "; neither torch.compile nor a CUDA graph ran in this profile"))
     return {"doubling": verdict(doubling_text, c["problems"]),
             "remedies": verdict(remedy_text, remedy_problems)}
+
+
+def fast_text(rows: list[dict[str, Any]]) -> str:
+    """Every size measured under `FAST` times the model, in words. Under `FAST` times its bytes'
+    time alone, 8n / beta, it beats the bandwidth: its tensor stays in a cache (at the largest
+    size, beyond the caches, beta itself falls short). Otherwise the overhead overlapped the
+    transfer (T near max(T0, 8n / beta), not their sum: on a GPU the launches run ahead of the
+    kernels)."""
+    m, t, d = model(rows), per_op(rows), doubling(rows)
+    ratio = {n: t[n] / m.time_s(n) for n in d}
+    fast = [n for n in d if ratio[n] < FAST]
+    if not fast:
+        return f"no size runs under {FAST:g}x the model"
+    beats = {n for n in fast if t[n] < FAST * 8 * n / m.bytes_per_s}
+    named = [n for n in fast if n != max(d) or n not in beats]
+    parts = []
+    for label, group in (("faster than beta allows, so those tensors stay in a cache",
+                          [n for n in named if n in beats]),
+                         ("slower than their bytes alone, faster than the overhead plus the bytes:"
+                          " the overhead overlapped the transfer", [n for n in named
+                                                                    if n not in beats])):
+        if group:
+            parts.append(f"at n = {', '.join(f'{n:,} ({ratio[n]:.2f}x)' for n in group)} the "
+                         f"measurement is under {FAST:g}x the model, {label}")
+    if max(d) in beats:
+        why = ("the copy it was read from also reads each destination line before writing it "
+               "(write-allocate), and an in-place op does not" if m.beta_from == "copy" else
+               "this op gets more than the probe did")
+        parts.append(f"at the largest, n = {max(d):,} ({4 * max(d) / 2**20:,.0f} MiB, beyond the "
+                     f"caches), it is {ratio[max(d)]:.2f}x the model: beta understates this op's "
+                     f"bandwidth, since {why}")
+    return "; ".join(parts)
 
 
 def plot(rows: list[dict[str, Any]], axes) -> None:

@@ -14,19 +14,25 @@ measures:
 - **planner**: `accounting.planner` calibrated on two measurements of the same launch (the
   FLOP/s each rank reaches stepping the whole batch alone, and an alpha-beta fit of all-reduces
   of `link_bytes`) predicts the step of every mesh that ran: data parallelism (chapter 08's
-  bucketed DDP), FSDP, TP and the 1F1B pipeline at each m, beside the measured step.
+  bucketed DDP), FSDP, TP and the 1F1B pipeline at each m, beside the measured step; whether it
+  ordered the runs better than chance is Kendall's rank test (`order_agreement`).
 A sample is the slowest rank's step. The ranks always run on the CPU: the strategies need two or
 more ranks, and one GPU cannot host two NCCL ranks, so a machine with one GPU runs the gpu sizes
 on its CPU cores and every row says so (`ranks_device`). What runs (on each rank and in the
-parent) is `parallel_step_run`; this module reads the rows. Used in: chapter 09
-(§sec-parallelism).
+parent) is `parallel_step_run`; this module reads the rows. The chapter's tables of the accounting,
+nothing measured, are here too (`fsdp_fit_table`, `split_table`, `strategy_table`). Used in:
+chapter 09 (§sec-parallelism).
 """
 
 from __future__ import annotations
 
+import itertools
+import math
+from collections.abc import Iterable
 from typing import Any
 
 from mlsys import bench
+from mlsys.accounting import compute_bound, parallel, parallel_traffic
 from mlsys.book import Table, num, verdict
 from mlsys.experiments import Experiment, kit, timing_of
 from mlsys.experiments.kit import setup
@@ -81,8 +87,8 @@ def verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
     text["tp"] = verdict(f"our Megatron TP's step took {tp_ratio:.2f}x DTensor's",
                          bench.noise_problems({k: v for k, v in steps.items()
                                                if k.startswith("tp")}))
-    text["bytes"] = (f"our FSDP and TP sent {'exactly' if exact else 'not'} the bytes "
-                     "accounting.parallel predicts")
+    text["bytes"] = (f"our FSDP and TP {'made exactly' if exact else 'did not make'} the calls, "
+                     "with the message sizes, that accounting.parallel predicts")
     text["planner"] = planner_verdict(rows)
     return text
 
@@ -103,18 +109,42 @@ def planner_table(rows: list[dict[str, Any]]) -> Table:
                   "planner ms (x measured)", "no overlap ms", "compute + bubble + comms ms"], out)
 
 
+def order_agreement(predicted: list[float], measured: list[float]) -> tuple[int, int, float]:
+    """Pairs of runs the prediction puts in the measured order, the pairs, and the one-sided
+    p-value of Kendall's rank test: the share of the orderings of the measured values that put at
+    least as many pairs in order if the prediction knew nothing (exact up to 8 runs, the normal
+    approximation beyond; a tie counts as out of order). Half the pairs is what chance gives."""
+    if len(predicted) != len(measured) or len(predicted) < 2:
+        raise ValueError(f"predicted and measured must be two lists of the same length >= 2, got "
+                         f"{len(predicted)} and {len(measured)}")
+    n = len(predicted)
+    pairs = [(i, j) for i in range(n) for j in range(i + 1, n)]
+
+    def agree(order) -> int:
+        return sum((predicted[i] - predicted[j]) * (order[i] - order[j]) > 0 for i, j in pairs)
+
+    hits = agree(measured)
+    if n <= 8:
+        counts = [agree(p) for p in itertools.permutations(measured)]
+        return hits, len(pairs), sum(c >= hits for c in counts) / len(counts)
+    s = 2 * hits - len(pairs)  # Kendall's S with no ties
+    sd = math.sqrt(n * (n - 1) * (2 * n + 5) / 18)
+    return hits, len(pairs), 0.5 * math.erfc((s - 1) / sd / math.sqrt(2))
+
+
 def planner_verdict(rows: list[dict[str, Any]]) -> str:
     """How far the calibrated planner's steps were from the measured ones, and how many pairs of
-    runs it put in the measured order; withheld when a step or the calibration was noisy."""
+    runs it put in the measured order, against chance (`order_agreement`); withheld when a step
+    or the calibration was noisy."""
     cal = calibration(rows)
     if "error" in cal:
         return f"no verdict: the all-reduce times gave no link to calibrate on ({cal['error']})"
     runs = [r for r in rows if r["kind"] == "planner"]
     ratio = {r["run"]: r["predicted_s"] / r["step"]["median_s"] for r in runs}
-    pairs = [(a, b) for i, a in enumerate(runs) for b in runs[i + 1:]]
-    agree = sum((a["predicted_s"] - b["predicted_s"]) * (a["step"]["median_s"]
-                                                         - b["step"]["median_s"]) > 0
-                for a, b in pairs)
+    agree, pairs, p_value = order_agreement([r["predicted_s"] for r in runs],
+                                            [r["step"]["median_s"] for r in runs])
+    chance = ("better than chance" if p_value < 0.05 else "no better than chance, which puts "
+              "half in order")
     low, high = min(ratio, key=ratio.get), max(ratio, key=ratio.get)
     between = sum(r["predicted_s"] <= r["step"]["median_s"] <= r["serial_s"] for r in runs)
     above = sum(r["step"]["median_s"] > r["serial_s"] for r in runs)
@@ -126,9 +156,67 @@ def planner_verdict(rows: list[dict[str, Any]]) -> str:
         f"left out, as the planner leaves latency out), the planner's steps ran from "
         f"{ratio[low]:.2f}x the measured one ({low}) to {ratio[high]:.2f}x ({high}); "
         f"{between} of {len(runs)} measured steps lay between its prediction and the same with "
-        f"no overlap, {above} above both; it put {agree} of {len(pairs)} pairs of runs in the "
-        "measured order",
+        f"no overlap, {above} above both; it put {agree} of {pairs} pairs of runs in the measured "
+        f"order, {chance} (one-sided p = {p_value:.2f}, Kendall's rank test)",
         bench.noise_problems(timings))
+
+
+# --- the chapter's tables of the accounting (nothing measured) ------------------------------------
+
+
+def fsdp_fit_table(device_bytes: float, state_bytes: float, per_token_bytes: float,
+                   tokens_per_device: Iterable[int], *, shard_fraction: float = 0.5) -> Table:
+    """Part (b) of the XXL question: for each count of tokens per device, the smallest pure-FSDP
+    degree N that holds the state and the activations, `shard_fraction` of them sharded
+    (`parallel.min_shards_to_fit`, checked against N - 1), and its memory per device; "never"
+    where the unsharded part alone fills the device."""
+    rows, f = [], shard_fraction
+    for t in tokens_per_device:
+        a = per_token_bytes * t
+        try:
+            n = parallel.min_shards_to_fit(device_bytes, state_bytes, a,
+                                           activation_shard_fraction=f)
+        except ValueError:
+            rows.append([f"{t:,}", "never", "-"])
+            continue
+        m = state_bytes / n + a * (1 - f + f / n)
+        assert m <= device_bytes and (n == 1 or device_bytes < state_bytes / (n - 1)
+                                      + a * (1 - f + f / (n - 1)))
+        rows.append([f"{t:,}", n, num(m / 1e9)])
+    return Table(["tokens per device", "smallest N_FSDP", "memory per device (GB)"], rows)
+
+
+def split_table(d_ff: int, splits, **kw: Any) -> Table:
+    """Part (d): `compute_bound.split_thresholds` as a table, both models side by side."""
+    rows = []
+    for r in compute_bound.split_thresholds(d_ff, splits, **kw):
+        x, y = r["x"], r["y"]
+        name = f"X = {x}, Y = {y}" + ("" if r["gather"] == 1 else
+                                     f", gathers at {r['gather']:g}x the bytes (fp8)")
+        rows.append([name, f"{r['m_x']:g}, {r['m_y']:g}", f"{r['tp_share']:.0%}",
+                     num(r["sum"]), num(r["max"]),
+                     "-" if math.isinf(r["sum"]) else f"{r['sum'] * x * y:,.0f}"])
+    return Table(["split", "M_X, M_Y", "T_TP / T_math", "tokens per device (sum)",
+                  "(max)", "global batch (sum)"], rows)
+
+
+def strategy_table(cfg, cases: dict[str, tuple], *, world_size: int, batch: int, seq: int,
+                   dtype: str = "bf16") -> Table:
+    """What each strategy of `cases` (name: (degrees, micro-batches[, sequence parallelism]))
+    holds and sends per device and step (`parallel.device_memory`, `parallel_traffic.sent_bytes`),
+    everything in `dtype`: the weights gathered, the gradients reduced and the activations sent."""
+    rows = []
+    for name, (degrees, m, *sp) in cases.items():
+        dims = parallel.ParallelDims(**degrees, world_size=world_size)
+        sent = parallel_traffic.sent_bytes(cfg, dims, 0, batch=batch, seq=seq, microbatches=m,
+                                           param_dtype=dtype, reduce_dtype=dtype,
+                                           act_dtype=dtype, sequence_parallel=any(sp))
+        mem = parallel.device_memory(cfg, dims, micro_batch=batch // (dims.dp * m), seq=seq,
+                                     microbatches=m, act_dtype=dtype, sequence_parallel=any(sp))
+        rows.append([name, num(mem.states / 1e9), num(mem.activations / 1e9),
+                     ", ".join(f"{k} {num(v / 1e9)}" for k, v in sent.items() if v)])
+    return Table(["strategy", "states per device (GB)", "activations (GB)",
+                  f"sent per step (GB, {dtype})"], rows)
 
 
 EXPERIMENT = Experiment(

@@ -7,7 +7,10 @@ time is predicted before it is read: forward matmul FLOPs over the measured matm
 forward + backward as 3x that, and the step as that plus the optimizer's minimum traffic
 (`accounting.bytes.adamw_traffic`) over the measured copy bandwidth. A row that runs out of memory
 is recorded as such and the sweep goes on. `third_party_rows` puts the seed's Ampere-GPU table
-(`mlsys.third_party`) beside the book's predictions for that GPU. `show_records` shows the GPU
+(`mlsys.third_party`) beside the book's predictions for that GPU; `seed_gpu` infers which GPU it
+was, and `seed_summary` gives the page its numbers, asserting the lessons it draws from the table.
+Over 300 lines as one module: the seed's table is read with the same predictions as the book's own
+rows, and both feed one section of the page. `show_records` shows the GPU
 records of the chapter's five experiments (this one, `timing_pitfalls`, `step_profile`,
 `step_memory`, `compile_step`) and says which are missing.
 Used in: §sec-benchmarking.
@@ -22,7 +25,7 @@ import torch
 
 from mlsys import bench, env, hardware, third_party
 from mlsys.accounting import bytes as bytes_moved
-from mlsys.accounting import flops
+from mlsys.accounting import flops, memory
 from mlsys.accounting.params import count_params
 from mlsys.book import Table, num, verdict
 from mlsys.experiments import (
@@ -233,6 +236,57 @@ def third_party_verdict(accelerator: hardware.Accelerator, batch: int = 4) -> st
             f"{max(rates) / tf32:.0%} of its {tf32 / 1e12:.0f} TFLOP/s TF32 peak; small took "
             f"{small:.2f}x as long at 256 tokens as at 128, and backward / forward ran from "
             f"{min(ratios):.2f} to {max(ratios):.2f}")
+
+
+AMPERE_MEMORY_BYTES = {"A100 80GB": 80e9, "A100 40GB": 40e9, "A40": 48e9, "RTX A6000": 48e9,
+                       "A30": 24e9, "A10": 24e9, "RTX 3090": 24e9}
+"""NVIDIA's Ampere-generation GPUs (compute capability 8.x, the `ampere_sgemm` kernels) with more
+than 16 GB, and their memory, from NVIDIA's product pages."""
+
+
+def seed_gpu() -> tuple[str, str]:
+    """(name, reasoning) of the seed's GPU: Ampere by its kernel names, and holding its largest
+    measured peak, which only one Ampere GPU does."""
+    peak = max(r.measured_training_gb for r in third_party.CS336_STUDENT_MEMORY
+               if r.measured_training_gb) * 1e9
+    states = memory.model_state_bytes(count_params(TransformerConfig.preset("2.7B")), "fp32_adamw")
+    fits = [name for name, size in AMPERE_MEMORY_BYTES.items() if size > peak]
+    if len(fits) != 1:
+        raise AssertionError(f"the seed's peak of {peak / 1e9:.0f} GB fits {fits}: no single GPU")
+    return fits[0], (f"the seed names no GPU: its kernels (`ampere_sgemm_*`) say Ampere, and its "
+                     f"2.7B step at 512 tokens peaked at about {peak / 1e9:.0f} GB (the model "
+                     f"states alone are {states / 1e9:.1f} GB), which of the Ampere GPUs only the "
+                     f"{fits[0]} holds (SXM or PCIe: the book takes the SXM's figures)")
+
+
+def seed_summary(accelerator: hardware.Accelerator, batch: int = 4) -> tuple[dict[str, Any], Table]:
+    """The page's numbers from the seed's table read against `accelerator` (glue name: value), and
+    the table. Asserts what the page says of it: the inferred GPU is `accelerator`; small takes
+    the same time at 128 and 256 tokens, more than 3x its time at the fp32 peak; backward /
+    forward runs from under 1.6 to over 2; no row passes the fp32 peak."""
+    rows = third_party_rows(accelerator, batch)
+    by = {(r["preset"], r["seq"]): r for r in rows}
+    small_128, small_256 = by[("small", 128)], by[("small", 256)]
+    name, reasoning = seed_gpu()
+    bwd = [r["backward_s"] / r["forward_s"] for r in rows]
+    assert accelerator.name.startswith(name), (accelerator.name, name)
+    assert small_256["forward_s"] < 1.1 * small_128["forward_s"]  # twice the tokens, same time
+    assert small_128["forward_s"] > 3 * small_128["fp32_s"]
+    assert min(bwd) < 1.6 and max(bwd) > 2
+    assert max(r["achieved_flop_per_s"] for r in rows) < accelerator.peak_flop_per_s("fp32")
+    values = {"q_small_128_ms": small_128["forward_s"] * 1e3,
+              "q_small_256_ms": small_256["forward_s"] * 1e3,
+              "q_fp32_ms": small_128["fp32_s"] * 1e3,
+              "a100_fp32": accelerator.peak_flop_per_s("fp32") / 1e12,
+              "a100_tf32": accelerator.peak_flop_per_s("tf32") / 1e12,
+              "seed_verdict": third_party_verdict(accelerator, batch), "seed_gpu_text": reasoning,
+              "seed_small_over": small_128["forward_s"] / small_128["fp32_s"]}
+    table = Table(["preset", "seq", "forward ms (theirs)", "backward / forward",
+                   "at fp32 peak (ms)", "at TF32 peak (ms)", "achieved TFLOP/s"],
+                  [[r["preset"], r["seq"], num(r["forward_s"] * 1e3),
+                    f"{r['backward_s'] / r['forward_s']:.2f}", num(r["fp32_s"] * 1e3),
+                    num(r["tf32_s"] * 1e3), num(r["achieved_flop_per_s"] / 1e12)] for r in rows])
+    return values, table
 
 
 def _show_trace(record: dict[str, Any]) -> str | None:

@@ -246,6 +246,15 @@ def seed_rows(batch: int = 4) -> list[dict[str, Any]]:
     return out
 
 
+def seed_values(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """The page's numbers from `seed_rows`: their table against their formula at 256, 512 and
+    1,024 tokens (glue name: value)."""
+    at = {r["seq"]: r for r in rows}
+    return ({f"seed_{seq}_claim": at[seq]["claimed_forward_gb"] for seq in (256, 512, 1024)}
+            | {f"seed_{seq}_formula": at[seq]["formula_gib"] for seq in (256, 1024)}
+            | {"seed_512_gib": at[512]["formula_gib"], "seed_512_gb": at[512]["formula_gb"]})
+
+
 def table(rows: list[dict[str, Any]]) -> Table:
     """The summary `python -m mlsys.experiments` prints: `peak_table`."""
     return peak_table(rows)

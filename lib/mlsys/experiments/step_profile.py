@@ -4,8 +4,10 @@ One model trains a few warm-up steps, then `steps` steps run inside
 `mlsys.profiling.profiler.Profile`, each split into the phases "forward", "backward" and "optimizer"
 (AdamW's step and zero_grad). The rows keep every op (CPU) or kernel (GPU) by phase and class, the
 wall and op time of each phase, and the model's FLOPs by the same classes (`flops_by_class`,
-forward and training), so a page sets time share beside FLOP share: He ("Making Deep Learning Go
-Brrrr", 2022) reports normalization at about 0.2% of BERT's FLOPs and a quarter of its runtime.
+forward and training), so a page sets time share beside FLOP share: Ivanov et al. ("Data Movement
+Is All You Need", MLSys 2021) measured the statistical normalizations (softmax, layer norm) of a
+BERT layer at 0.17% of its FLOPs and 25.5% of its runtime, which He ("Making Deep Learning Go
+Brrrr", 2022) quotes.
 The rows also keep the first `TRACE_OPS` host ops of the first profiled forward as a trace
 (`diagrams.trace.Trace`: the host's calls against the device's kernels, or on a CPU the ops' own
 bodies), which `trace` reads back for `diagrams.trace.draw_trace`.
@@ -17,6 +19,13 @@ Two more measurements, each timed round-robin (`bench.benchmark_interleaved`):
   softmax, and P v. Each matmul does 2 d_head FLOPs per score and the softmax about 5, so the FLOP
   ratio of one matmul to the softmax is 2 d_head / 5 (25.6 at d_head = 64), and of both matmuls
   0.8 d_head; the seed's "64x" divides d_model by n_heads and calls that the ratio.
+The verdicts are computed from the rows: the attention core's is given despite noise when the
+FLOP gap is far larger than the worst the noise can do (`GAP`); the profiler's cost is stated only
+as the measured ratio bears it out (`TIE`); `launch_text` reads the ops each phase issued against
+its wall time; `phase_shares` splits the class shares by phase (a forward-only question needs the
+forward's).
+Longer than 300 lines as one module: the profile, its trace, the profiler's cost and the attention
+core come from one model in one run, and one section of the page reads them together.
 Used in: §sec-profiling.
 """
 
@@ -44,6 +53,20 @@ PHASES = ("forward", "backward", "optimizer")
 TRACE_OPS = 40  # host ops of the first forward kept as a trace (`diagrams.trace`)
 CORE = ("scores", "softmax", "values")  # q @ k^T, masked softmax, P @ v
 SOFTMAX_OPS_PER_SCORE = flops.SOFTMAX_OPS_PER_ELEMENT
+GAP = 0.5
+"""The softmax's FLOP/s over the matmul's, at the noise's worst, below which the attention verdict
+stands however noisy the timings: each timing moved by its own p80 / p20 or drift."""
+TIE = 1.1
+"""A profiled / plain step ratio within [1 / TIE, TIE] says the profiler's cost is lost in the
+noise."""
+SEED_FORWARD_SHARES = {"ampere_sgemm_128x64_tn": 0.43, "ampere_sgemm_32x128_tn": 0.43}
+SEED_COMBINED_SHARES = {  # the non-matmul kernels of the seed's forward+backward list
+    "direct_copy_kernel": 0.036, "vectorized MulFunctor": 0.024, "elementwise MulFunctor": 0.013,
+    "CUDAFunctor_add": 0.013}
+SEED_COMBINED_GEMMS = (0.140, 0.136, 0.135, 0.131, 0.100, 0.068, 0.064, 0.064, 0.012, 0.011)
+"""The seed's nsys answers (document 003, 'nsys_profile' (b), (c)): the forward-only list names two
+GEMM kernels at 43% each; the answer to (c), a forward-only question, quotes the shares of a
+forward+backward list."""
 
 
 @dataclass(frozen=True)
@@ -252,17 +275,78 @@ def verdicts(rows: list[dict[str, Any]]) -> dict[str, str]:
     attention = (f"q k^T does {f_ratio:.1f}x the softmax's FLOPs (2 d_head / 5 with d_head = "
                  f"{setup(rows)['d_head']}) yet takes {t_ratio:.2f}x its time ({relation} it): "
                  f"the softmax runs at {softmax_rate / matmul_rate:.1%} of the matmul's FLOP/s")
+    timings = {k: timing_of(core[k]) for k in CORE}
     oh = kit.first(rows, "overhead")
-    ratio = oh["profiled"]["median_s"] / oh["plain"]["median_s"]
-    overhead = (f"the profiled step took {ratio:.2f}x the plain one "
-                f"({num(oh['profiled']['median_s'] * 1e3)} vs {num(oh['plain']['median_s'] * 1e3)}"
-                " ms)")
-    core_problems = bench.noise_problems({k: timing_of(core[k]) for k in CORE})
+    worst = (softmax_rate / matmul_rate * _moved(timings["softmax"]) * _moved(timings["scores"]))
+    if worst < GAP:
+        attention += (", so FLOPs do not predict its time: it reads and writes the whole score "
+                      "matrix for a handful of FLOPs per element")
+    core_problems = bench.noise_problems(timings)
+    if core_problems and worst < GAP:  # the gap dwarfs what the noise can do
+        attention += (f" (the timings are noisy, but at their worst the softmax would still run "
+                      f"at {worst:.0%} of the matmul's FLOP/s)")
+        core_problems = []
     overhead_problems = bench.noise_problems({"plain step": timing_of(oh["plain"]),
                                               "profiled step": timing_of(oh["profiled"])})
     return {"matmul": matmul, "normalization": norm,
             "attention": verdict(attention, core_problems),
-            "overhead": verdict(overhead, overhead_problems)}
+            "overhead": verdict(overhead_text(rows), overhead_problems),
+            "launch": launch_text(rows)}
+
+
+def _moved(t: bench.Timing) -> float:
+    """How far noise can have moved a median: its p80 / p20 or its drift, whichever is larger."""
+    return max(t.spread_ratio, 1 + t.drift)
+
+
+def overhead_text(rows: list[dict[str, Any]]) -> str:
+    """The profiled step against the plain one, and what that says of the profiler's cost."""
+    oh = kit.first(rows, "overhead")
+    profiled, plain = oh["profiled"]["median_s"], oh["plain"]["median_s"]
+    text = (f"the profiled step took {profiled / plain:.2f}x the plain one ({num(profiled * 1e3)} "
+            f"vs {num(plain * 1e3)} ms)")
+    if profiled / plain > TIE:
+        return text + (": the profiler costs time of its own, so its tables are for shares, plain "
+                       "timing for durations")
+    if profiled / plain >= 1 / TIE:
+        return text + (f", within {TIE - 1:.0%}: on this run the profiler's cost is lost in the "
+                       "variation between steps")
+    return text + (": faster, which a profiler cannot make a step, so on this run the variation "
+                   "between steps is larger than the profiler's cost")
+
+
+def phase_ops(rows: list[dict[str, Any]], phase: str) -> int:
+    """Ops (kernels on a GPU) `phase` issued per step."""
+    return sum(c.calls for c in classes(rows) if c.phase == phase) // setup(rows)["steps"]
+
+
+def launch_text(rows: list[dict[str, Any]]) -> str:
+    """The backward's ops and wall time against the forward's, and whether time followed the ops."""
+    wall = {p.phase: p.wall_s for p in (profiler.PhaseTime(**r) for r in _of(rows, "phase"))}
+    outside = {p.phase: p.outside_ops_s / p.wall_s
+               for p in (profiler.PhaseTime(**r) for r in _of(rows, "phase"))}
+    n_f, n_b = phase_ops(rows, "forward"), phase_ops(rows, "backward")
+    t_ratio, n_ratio = wall["backward"] / wall["forward"], n_b / n_f
+    what = "kernels" if setup(rows)["device_type"] == "cuda" else "ops"
+    text = (f"the backward issued {n_ratio:.2f}x the forward's {what} ({n_b:,} against {n_f:,} "
+            f"a step) and took {t_ratio:.2f}x its wall time, {num(wall['backward'] / n_b * 1e6)} "
+            f"µs per {what[:-1]} against {num(wall['forward'] / n_f * 1e6)} µs in the forward")
+    if outside["forward"] > 0.5:
+        return text + (f"; the forward spent {outside['forward']:.0%} of its time outside "
+                       f"{what}: launch-bound, so its time follows how many {what} it issues "
+                       "and what each costs the host, not its FLOPs")
+    return text + (f"; the forward spent {outside['forward']:.0%} of its time outside {what}: "
+                   "not launch-bound, so time follows the work")
+
+
+def phase_shares(rows: list[dict[str, Any]], phases: tuple[str, ...]) -> dict[str, float]:
+    """Each class's share of the op (kernel) time of `phases` together."""
+    spent = {c.op_class: 0.0 for c in classes(rows)}
+    for c in classes(rows):
+        if c.phase in phases:
+            spent[c.op_class] += c.self_s
+    total = sum(spent.values())
+    return {k: v / total for k, v in spent.items()}
 
 
 def plot(rows: list[dict[str, Any]], ax) -> None:
