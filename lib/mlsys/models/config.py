@@ -26,10 +26,22 @@ Triton's interpreter; d_head 16 to 128, a power of two)."""
 
 _SIZE_FIELDS = ("vocab_size", "context_length", "d_model", "n_layers", "n_heads", "d_ff")
 
+MLP_KINDS: tuple[str, ...] = ("swiglu", "gelu", "relu")
+"""The feed-forward kinds: "swiglu" is w2(silu(w1 x) * w3 x), three d_model x d_ff matrices
+(Llama, Mistral, Qwen); "gelu" and "relu" are w2(act(w1 x)), two (GPT-2, GPT-3, OPT, BLOOM)."""
+NORM_KINDS: tuple[str, ...] = ("rmsnorm", "layernorm")
+"""RMSNorm has a gain (d parameters); LayerNorm a gain and a bias (2 d)."""
+POSITION_KINDS: tuple[str, ...] = ("rope", "learned")
+"""RoPE has no parameters; learned positions are a context_length x d_model table (GPT)."""
+
 
 @dataclass(frozen=True)
 class TransformerConfig:
-    """Sizes of a pre-norm decoder LM (RMSNorm, RoPE, SwiGLU, untied head); defaults = `debug`."""
+    """Sizes of a pre-norm decoder LM; defaults = `debug` (RMSNorm, RoPE, SwiGLU, multi-head
+    attention, untied head, no biases, dense). The fields after `attention` describe the models
+    the planner costs (GPT-3's LayerNorm, biases, GeLU and learned positions; Llama's grouped-query
+    attention; Mixtral's experts); the runnable `Transformer` builds every one of them but the
+    experts (`n_experts > 0` is costed, not built)."""
 
     vocab_size: int = 1_000  # tokens in the vocabulary (rows of the embedding, columns of the head)
     context_length: int = 128  # longest sequence the model accepts; the RoPE tables' length
@@ -40,6 +52,16 @@ class TransformerConfig:
     rope_theta: float = 10_000.0  # RoPE base: pair i rotates by position * theta ** (-2i / d_head)
     norm_eps: float = 1e-5  # added to the mean square inside RMSNorm
     attention: str = "naive"  # a name in ATTENTION_BACKENDS: "naive", "sdpa", "flash_torch", ...
+    n_kv_heads: int | None = None  # key/value heads (GQA); None = n_heads (MHA), 1 = MQA
+    mlp: str = "swiglu"  # a name in MLP_KINDS; d_ff is the hidden width of either kind
+    norm: str = "rmsnorm"  # a name in NORM_KINDS
+    positions: str = "rope"  # a name in POSITION_KINDS
+    tie_embeddings: bool = False  # the head reuses the embedding matrix (GPT-2, Megatron's GPT)
+    bias: bool = False  # every linear layer has a bias (GPT-2, GPT-3, OPT, BLOOM)
+    n_experts: int = 0  # routed experts per MoE layer; 0 = a dense feed-forward (no MoE)
+    experts_per_token: int = 0  # top-k experts each token is routed to (>= 1 when n_experts > 0)
+    d_ff_expert: int | None = None  # an expert's hidden width; None = d_ff
+    n_shared_experts: int = 0  # experts every token passes through besides its top-k
 
     def __post_init__(self) -> None:
         for name in _SIZE_FIELDS:
@@ -57,11 +79,50 @@ class TransformerConfig:
         for name in ("rope_theta", "norm_eps"):
             checks.positive(getattr(self, name), name)
         checks.choice(self.attention, "attention", ATTENTION_BACKENDS)
+        checks.choice(self.mlp, "mlp", MLP_KINDS)
+        checks.choice(self.norm, "norm", NORM_KINDS)
+        checks.choice(self.positions, "positions", POSITION_KINDS)
+        for name in ("tie_embeddings", "bias"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.n_kv_heads is not None:
+            checks.positive_int(self.n_kv_heads, "n_kv_heads")
+            if self.n_heads % self.n_kv_heads:
+                raise ValueError(f"n_heads ({self.n_heads}) must be a multiple of n_kv_heads "
+                                 f"({self.n_kv_heads}): each key/value head serves "
+                                 "n_heads / n_kv_heads query heads")
+        checks.nonnegative_int(self.n_experts, "n_experts")
+        checks.nonnegative_int(self.experts_per_token, "experts_per_token")
+        checks.nonnegative_int(self.n_shared_experts, "n_shared_experts")
+        if self.d_ff_expert is not None:
+            checks.positive_int(self.d_ff_expert, "d_ff_expert")
+        if self.n_experts and not 1 <= self.experts_per_token <= self.n_experts:
+            raise ValueError(f"experts_per_token ({self.experts_per_token}) must be in 1.."
+                             f"n_experts ({self.n_experts}) for a mixture of experts")
+        if not self.n_experts and (self.experts_per_token or self.n_shared_experts
+                                   or self.d_ff_expert is not None):
+            raise ValueError("experts_per_token, n_shared_experts and d_ff_expert need "
+                             f"n_experts >= 1, got n_experts = {self.n_experts}")
 
     @property
     def d_head(self) -> int:
         """Dimensions per attention head: d_model / n_heads."""
         return self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: n_kv_heads, or n_heads when it is None (multi-head attention)."""
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def expert_d_ff(self) -> int:
+        """An expert's hidden width: d_ff_expert, or d_ff when it is None."""
+        return self.d_ff if self.d_ff_expert is None else self.d_ff_expert
+
+    @property
+    def is_moe(self) -> bool:
+        """True when the feed-forward is a mixture of experts (n_experts >= 1)."""
+        return self.n_experts > 0
 
     @classmethod
     def preset(cls, name: str, **overrides: Any) -> TransformerConfig:
