@@ -246,3 +246,24 @@ def test_sm_architectures_hold_the_programming_guides_limits():
         hardware.sm_architecture("sm_100")
     with pytest.raises(ValueError, match="sm_arch='sm_99' is not one of"):
         dataclasses.replace(hardware.H100_SXM, sm_arch="sm_99")
+
+
+def test_the_step_constants_are_fractions_with_their_source():
+    c = hardware.STEP_CONSTANTS
+    for name in ("gemm_fraction", "hbm_fraction", "nccl_fraction"):
+        assert 0.5 <= getattr(c, name) < 1.0
+    assert "Table 1" in c.source and 0 < c.intra_latency_s < c.inter_latency_s < 1e-4
+    for bad, message in (({"gemm_fraction": 0.0}, "gemm_fraction must be > 0"),
+                         ({"nccl_fraction": 1.5}, "nccl_fraction"),
+                         ({"inter_latency_s": -1.0}, "inter_latency_s")):
+        with pytest.raises(ValueError, match=message):
+            dataclasses.replace(c, **bad)
+
+
+def test_gemm_tiles_and_flash_fractions():
+    assert all(m % 64 == 0 and n % 64 == 0 for m, n in hardware.GEMM_TILES)
+    assert hardware.flash_fraction(hardware.A100_80GB_SXM) == 0.60
+    assert hardware.flash_fraction(hardware.H100_SXM) == 0.50
+    assert hardware.flash_fraction(hardware.TPU_V5P) == 0.50  # no sm_arch: the default
+    with pytest.raises(TypeError, match="Accelerator"):
+        hardware.flash_fraction("h100")

@@ -85,9 +85,14 @@ def test_mixed_precision_and_compile_tables():
 
 
 def test_every_table_says_where_it_comes_from():
-    sources = [v for k, v in vars(tp).items() if k.startswith("SOURCE_")]
-    assert len(sources) == 7
-    assert all("CS336 (2025) assignment 2" in s and "seed document 003" in s for s in sources)
+    sources = {k: v for k, v in vars(tp).items() if k.startswith("SOURCE_")}
+    published = {"SOURCE_MEGATRON_TABLE1": "arXiv:2104.04473", "SOURCE_LLAMA3": "arXiv:2407.21783"}
+    assert len(sources) == 7 + len(published)
+    for name, text in sources.items():
+        if name in published:
+            assert published[name] in text and "Table" in text, name
+        else:
+            assert "CS336 (2025) assignment 2" in text and "seed document 003" in text, name
 
 
 def test_published_utilizations_are_fractions_with_a_cited_source():
@@ -104,3 +109,26 @@ def test_published_utilizations_are_fractions_with_a_cited_source():
     assert (palm.chips, palm.mfu, palm.hfu) == (6144, 0.462, 0.578)  # Chowdhery et al., Table 3
     llama = [r.mfu for r in tp.PUBLISHED_MFU if r.run.startswith("Llama 3")]
     assert llama == [0.43, 0.41, 0.38]  # Dubey et al. 2024, Table 4: 38-43%
+
+
+def test_megatrons_table_is_consistent_with_its_script_and_its_parameter_formula():
+    rows = tp.MEGATRON_TABLE1
+    assert len(rows) == 10 and tp.MEGATRON_SEQ == 2048 and tp.MEGATRON_VOCAB == 51_200
+    for r in rows:
+        assert r.gpus == r.tp * r.pp * r.dp
+        assert r.batch % (r.dp * r.micro_batch) == 0 and r.layers % (r.pp * r.virtual_stages) == 0
+        assert r.hidden % r.heads == 0 and r.ddp == ("torch" if r.pp == 1 else "local")
+        # the paper's Eq. 2: P = 12 l h^2 (1 + 13 / (12 h) + (V + s) / (12 l h))
+        h, L = r.hidden, r.layers
+        params = 12 * L * h * h * (1 + 13 / (12 * h) + (51_200 + 2048) / (12 * L * h))
+        assert round(params / 1e9, 1) == pytest.approx(r.params_b, abs=0.051), r.params_b
+    assert [r.tflops_per_gpu for r in rows][-2:] == [163, 163]
+    assert "run_table_1.sh" in tp.MEGATRON_TABLE1_SCRIPT and "Table 1" in tp.SOURCE_MEGATRON_TABLE1
+
+
+def test_llama3_rows_are_16m_tokens_on_their_gpus():
+    for r in tp.LLAMA3_405B_RUN:
+        assert r.gpus == r.tp * r.cp * r.pp * r.dp
+        assert r.batch * r.seq == 16 * 2**20
+        assert r.mfu == pytest.approx(r.tflops_per_gpu / 989.4, abs=0.006)
+    assert "Table 4" in tp.SOURCE_LLAMA3

@@ -441,6 +441,61 @@ def get_cluster(name: str) -> Cluster:
     return CLUSTERS[checks.choice(name.strip().lower(), "cluster", CLUSTERS)]
 
 
+@dataclass(frozen=True)
+class StepConstants:
+    """What the step model (`mlsys.accounting.step_model`) cannot derive from a spec sheet.
+
+    gemm_fraction: of the dense peak that one full wave of large GEMM tiles reaches (cuBLAS on
+    big shapes); hbm_fraction: of the HBM bandwidth that memory-bound kernels reach (GEMMs'
+    memory roof too); nccl_fraction: the bus bandwidth NCCL reaches over a link (nccl-tests'
+    busbw / the link's per-direction rate); intra_latency_s, inter_latency_s: alpha, the latency
+    of one step of a ring inside a node and across nodes."""
+
+    gemm_fraction: float
+    hbm_fraction: float
+    nccl_fraction: float
+    intra_latency_s: float
+    inter_latency_s: float
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("gemm_fraction", "hbm_fraction", "nccl_fraction"):
+            value = checks.fraction(getattr(self, name), name)
+            if value <= 0:
+                raise ValueError(f"{name} must be > 0, got {value}")
+        checks.nonnegative(self.intra_latency_s, "intra_latency_s")
+        checks.nonnegative(self.inter_latency_s, "inter_latency_s")
+
+
+STEP_CONSTANTS = StepConstants(
+    gemm_fraction=0.72, hbm_fraction=0.67, nccl_fraction=0.71,
+    intra_latency_s=1.5e-6, inter_latency_s=5e-6,
+    source="the three fractions fitted on Megatron-LM's Table 1 (Narayanan et al., SC21) by "
+           "`accounting.calibration.fit` and nothing else; the latencies assumed, not fitted "
+           "(the table's messages are megabytes: it cannot see them): about 20 us for a small "
+           "all-reduce on 8 NVLink GPUs (14 ring steps) and 5 us a hop over InfiniBand, the "
+           "order of nccl-tests' small-message times")
+"""The step model's constants (`StepConstants`), fitted on the calibration table only."""
+
+GEMM_TILES: tuple[tuple[int, int], ...] = ((256, 128), (128, 256))
+"""Output tiles (b_m, b_n) of the large-GEMM kernels the step model chooses among: cuBLAS's and
+CUTLASS's biggest tensor-core tiles on Ampere and Hopper (NVIDIA, "Matrix Multiplication
+Background User's Guide", tile quantization: 256 x 128 and 128 x 256 are the most efficient)."""
+
+FLASH_FRACTIONS: dict[str, float] = {"sm_80": 0.60, "sm_90": 0.50}
+"""Fraction of the dense bf16 peak FlashAttention reaches, forward and backward together, not
+fitted: A100 (sm_80) 0.60, FlashAttention-2 (Dao 2023, arXiv:2307.08691: 50-73% of peak forward,
+lower backward); H100 (sm_90) 0.50, between FlashAttention-2 (about 35%) and FlashAttention-3's
+bf16 forward (up to 75%, Shah et al. 2024, arXiv:2407.08608). Other chips: 0.50."""
+
+
+def flash_fraction(acc: Accelerator) -> float:
+    """`FLASH_FRACTIONS` of the accelerator's SM architecture (0.50 when it has none listed)."""
+    if not isinstance(acc, Accelerator):
+        raise TypeError(f"acc must be an Accelerator, got {type(acc).__name__}")
+    return FLASH_FRACTIONS.get(acc.sm_arch or "", 0.50)
+
+
 CUDA_DEVICE_NAMES: dict[str, str] = {
     "NVIDIA H100 80GB HBM3": "h100",  # the H100 SXM5
     "NVIDIA A100-SXM4-80GB": "a100",

@@ -18,6 +18,9 @@ preset (claims, which the book checks) and the peaks their memory profiles showe
 `CS336_STUDENT_ALLREDUCE` and `CS336_STUDENT_DDP_XL`: their NCCL all-reduce table and DDP step
 breakdowns of the xl preset on 2 GPUs (chapter 08). `PUBLISHED_MFU`: the utilizations large
 training runs reported (PaLM, Megatron-LM, Llama 3), each with its paper (chapter 03).
+`MEGATRON_TABLE1`: Megatron-LM's weak-scaling table (GPT 1.7B to 1T on up to 3,072 A100s), the
+calibration of `accounting.step_model`, with the micro-batch and interleaving of the authors'
+script. `LLAMA3_405B_RUN`: Llama 3 405B's pre-training mesh and throughput, the step model's test.
 A little over 300 lines: it is a data table, each measurement with its source, not logic.
 Used in: §sec-flops, §sec-benchmarking, §sec-data-parallel.
 """
@@ -359,3 +362,94 @@ PUBLISHED_MFU: tuple[PublishedMFU, ...] = (
 FLOP counts differ in detail: PaLM and Megatron-LM count the attention matmuls over the full
 T x T matrix (12 L T D per token, the book's dense convention, `accounting.flops`); Megatron-LM's
 2021 figure counts the recomputed forward (an HFU); Llama 3's paper does not give its formula."""
+
+
+@dataclass(frozen=True)
+class PublishedRun:
+    """One row of Megatron-LM's weak-scaling table: a GPT model, its mesh and batch, and the
+    throughput measured (TFLOP/s per GPU in the paper's convention, Eq. 3: full recomputation
+    counted). The micro-batch size, virtual stages and DDP kind are not in the paper: they are
+    from the authors' script that reproduces the table (`MEGATRON_TABLE1_SCRIPT`)."""
+
+    params_b: float  # the paper's parameter count, billions
+    heads: int
+    hidden: int
+    layers: int
+    tp: int
+    pp: int
+    gpus: int
+    batch: int  # global batch, sequences of MEGATRON_SEQ tokens
+    tflops_per_gpu: float  # measured, Eq. 3's FLOPs a second per GPU
+    micro_batch: int  # from the script (MBS)
+    virtual_stages: int  # from the script: layers per stage / --num-layers-per-virtual-...
+    ddp: str  # the script's DDP: "torch" (overlaps the backward) or "local" (after it)
+
+    @property
+    def dp(self) -> int:
+        return self.gpus // (self.tp * self.pp)
+
+
+MEGATRON_SEQ = 2_048
+MEGATRON_VOCAB = 51_200
+SOURCE_MEGATRON_TABLE1 = (
+    "Narayanan et al., 'Efficient Large-Scale Language Model Training on GPU Clusters Using "
+    "Megatron-LM', SC21 (arXiv:2104.04473), Table 1: GPT models, vocabulary 51,200, sequence "
+    "2,048, DGX A100 80 GB nodes (8 GPUs, NVLink 3, 8 x 200 Gb/s HDR InfiniBand), mixed "
+    "precision (fp16), full activation recomputation, the interleaved schedule with the "
+    "scatter/gather optimization (section 5.1)")
+MEGATRON_TABLE1_SCRIPT = (
+    "NVIDIA/Megatron-LM, examples/sc21/run_table_1.sh (the authors' script reproducing Table 1): "
+    "MBS, --num-layers-per-virtual-pipeline-stage, DDP=torch|local and --recompute-method "
+    "uniform per model size")
+
+MEGATRON_TABLE1: tuple[PublishedRun, ...] = tuple(PublishedRun(*row) for row in (
+    # params heads hidden layers tp pp gpus batch TFLOP/s | MBS v DDP (the script)
+    (1.7, 24, 2304, 24, 1, 1, 32, 512, 137, 16, 1, "torch"),
+    (3.6, 32, 3072, 30, 2, 1, 64, 512, 138, 16, 1, "torch"),
+    (7.5, 32, 4096, 36, 4, 1, 128, 512, 142, 16, 1, "torch"),
+    (18.4, 48, 6144, 40, 8, 1, 256, 1024, 135, 8, 1, "torch"),
+    (39.1, 64, 8192, 48, 8, 2, 512, 1536, 138, 4, 1, "local"),
+    (76.1, 80, 10240, 60, 8, 4, 1024, 1792, 140, 2, 3, "local"),  # 15 layers a stage, 5 a chunk
+    (145.6, 96, 12288, 80, 8, 8, 1536, 2304, 148, 2, 2, "local"),  # 10 a stage, 5 a chunk
+    (310.1, 128, 16384, 96, 8, 16, 1920, 2160, 155, 1, 2, "local"),  # 6 a stage, 3 a chunk
+    (529.6, 128, 20480, 105, 8, 35, 2520, 2520, 163, 1, 3, "local"),  # 3 a stage, 1 a chunk
+    (1008.0, 160, 25600, 128, 8, 64, 3072, 3072, 163, 1, 1, "local"),
+))
+"""The calibration table of the step model (`accounting.calibration`): the paper's rows
+(`SOURCE_MEGATRON_TABLE1`) with the script's micro-batch, virtual stages and DDP
+(`MEGATRON_TABLE1_SCRIPT`)."""
+
+
+@dataclass(frozen=True)
+class Llama3Run:
+    """One row of Llama 3's pre-training table: Llama 3 405B (126 layers, d_model 16,384, 128
+    heads, 8 KV heads, d_ff 53,248, vocabulary 128,256) on H100 80 GB nodes with its mesh, and
+    the throughput measured (the paper does not give its FLOP formula; 43% BF16 MFU is
+    430 / 989 TFLOP/s, so the count is near the model's, without recomputation)."""
+
+    gpus: int
+    tp: int
+    cp: int
+    pp: int
+    dp: int
+    seq: int
+    batch_per_dp: int  # sequences per data-parallel rank per step
+    tflops_per_gpu: float
+    mfu: float
+
+    @property
+    def batch(self) -> int:
+        return self.dp * self.batch_per_dp
+
+
+SOURCE_LLAMA3 = ("Dubey et al., 'The Llama 3 Herd of Models' (2024, arXiv:2407.21783), Table 4: "
+                 "scaling configurations of Llama 3 405B pre-training; micro-batch size and "
+                 "virtual stages not published")
+LLAMA3_405B_SIZES = dict(vocab_size=128_256, d_model=16_384, n_layers=126, n_heads=128,
+                         n_kv_heads=8, d_ff=53_248)
+"""Llama 3 405B's sizes (Dubey et al. 2024, Table 3), as `TransformerConfig` keywords."""
+LLAMA3_405B_RUN: tuple[Llama3Run, ...] = (
+    Llama3Run(8_192, 8, 1, 16, 64, 8_192, 32, 430, 0.43),
+    Llama3Run(16_384, 8, 1, 16, 128, 8_192, 16, 400, 0.41),
+)
+"""The 8,192-token rows of Table 4 (`SOURCE_LLAMA3`): the step model's test, not its fit."""

@@ -2,9 +2,12 @@
 
 Naive attention is counted on the meta device for whole models of every preset; SDPA on the meta
 device takes the math path (not what a CPU or GPU runs), so it is counted on the CPU: one real
-block at each preset's sizes, and whole small models for what is saved outside the blocks.
+block at each preset's sizes, and whole small models for what is saved outside the blocks. The
+other shapes of the config (grouped-query attention, GeLU and ReLU MLPs, LayerNorm, biases,
+learned positions, a tied head) are counted the same way, alone and together.
 """
 
+import dataclasses
 import math
 from collections import Counter
 
@@ -230,3 +233,109 @@ def test_bad_arguments_are_refused_before_counting():
     # the config's backend by default
     assert activations.saved_bytes(cfg, 1, 8).attention == "naive"
     assert activations.saved_bytes(TransformerConfig(attention="sdpa"), 1, 8).attention == "sdpa"
+
+
+GPT = dict(norm="layernorm", positions="learned", bias=True, tie_embeddings=True, mlp="gelu")
+KINDS = {
+    "gqa": dict(n_kv_heads=2), "mqa": dict(n_kv_heads=1), "gelu": dict(mlp="gelu"),
+    "relu": dict(mlp="relu"), "layernorm": dict(norm="layernorm"), "bias": dict(bias=True),
+    "learned": dict(positions="learned"), "tied": dict(tie_embeddings=True), "gpt": GPT,
+    "gpt_gqa": {**GPT, "n_kv_heads": 2}, "llama_gqa_bias": dict(n_kv_heads=2, bias=True),
+}
+
+
+def on_cpu(tensors, dtype):
+    """The tensors as the CPU keeps them: LayerNorm's mean and 1/std in the model's dtype (the
+    accounting has them in fp32 for a 16-bit model, as CUDA and the meta device keep them)."""
+    return tuple(dataclasses.replace(t, dtype=dtype) if t.what in ("mean", "1/std") else t
+                 for t in tensors)
+
+
+@pytest.mark.parametrize(("kind", "dtype"), [
+    *((kind, dtype) for kind in KINDS for dtype in ("fp32", "bf16")),
+    ("gpt_gqa", "fp16"), ("gpt_gqa", "fp64"), ("relu", "fp16")])
+@pytest.mark.parametrize("attention", ["sdpa", "naive", "flash_torch"])
+def test_other_shapes_whole_small_model_on_cpu_is_exact(kind, attention, dtype):
+    cfg = TransformerConfig(d_model=32, n_heads=4, d_ff=40, n_layers=2, vocab_size=50,
+                            context_length=16, attention=attention, **KINDS[kind])
+    for batch, seq in [(3, 16), (1, 7), (2, 1)]:
+        saved = count_model(cfg, batch, seq, dtype=dtype, device="cpu")
+        predicted = activations.saved_bytes(cfg, batch, seq, dtype=dtype)
+        tensors = on_cpu(predicted.block * 2 + predicted.outside, dtype)
+        assert saved.activation_bytes == sum(t.nbytes for t in tensors), (batch, seq)
+        assert sizes(saved) == predicted_sizes(tensors)
+        if cfg.norm == "layernorm" and dtype in ("bf16", "fp16"):  # 5 norms, 2 (N, 1) tensors
+            gap = 5 * 2 * batch * seq * (4 - 2)
+            assert predicted.total_bytes - saved.activation_bytes == gap
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("kind", ["gpt", "gpt_gqa", "layernorm"])
+def test_layernorm_models_on_meta_are_exact(kind, dtype):
+    """The meta device keeps LayerNorm's statistics in fp32 as CUDA does: the accounting as is."""
+    cfg = TransformerConfig.preset("small", attention="naive", **KINDS[kind])
+    saved = count_model(cfg, 2, 17, dtype=dtype)
+    predicted = activations.saved_bytes(cfg, 2, 17, dtype=dtype)
+    assert saved.activation_bytes == predicted.total_bytes
+    assert sizes(saved) == predicted_sizes(predicted.block * cfg.n_layers + predicted.outside)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "naive", "flash_torch"])
+@pytest.mark.parametrize("kind", ["gpt", "gpt_gqa", "relu", "llama_gqa_bias"])
+def test_other_shapes_one_block_at_the_small_preset_is_exact(kind, attention):
+    cfg = TransformerConfig.preset("small", attention=attention, **KINDS[kind])
+    for dtype in ("fp32", "bf16"):
+        saved = count_block(cfg, 2, 8, dtype=dtype)
+        block = on_cpu(activations.saved_bytes(cfg, 2, 8, dtype=dtype).block, dtype)
+        assert saved.activation_bytes == sum(t.nbytes for t in block)
+        assert sizes(saved) == predicted_sizes(block)
+
+
+def test_what_each_kind_changes_in_a_block():
+    """Per block, against the book's model (SwiGLU, RMSNorm, RoPE, MHA) at the same sizes:
+    N = B S tokens, D, F, b = 2 bytes (bf16)."""
+    b, s, d, f = 4, 512, 768, 3_072
+    n = b * s
+
+    def block(dtype="bf16", attention="sdpa", **fields):
+        cfg = TransformerConfig.preset("small", attention=attention, **fields)
+        return activations.saved_bytes(cfg, b, s, dtype=dtype)
+
+    book = block()
+    parts = book.components()
+    assert block(n_kv_heads=4).block_bytes == book.block_bytes  # repeated heads: as MHA
+    assert block(n_kv_heads=1).block_bytes == book.block_bytes
+    assert block(bias=True).block_bytes == book.block_bytes
+    assert block(tie_embeddings=True).total_bytes == book.total_bytes
+    gelu = block(mlp="gelu").components()
+    assert gelu["w3_output"] == gelu["silu_output"] == 0
+    assert book.block_bytes - block(mlp="gelu").block_bytes == 2 * n * f * 2  # 2 of 4 (N, F)
+    assert book.block_bytes - block(mlp="relu").block_bytes == 3 * n * f * 2  # 3 of 4
+    ln = block(norm="layernorm").components()
+    assert ln["attn_norm"] == n * d * 2 + 2 * n * 4  # x in bf16, mean and 1/std in fp32
+    assert parts["attn_norm"] == 2 * n * d * 4 + n * 4  # RMSNorm: fp32 x and x/rms, 1/rms
+    # without RoPE, SDPA's output is laid out as q is: the o_proj input is a view of it
+    assert block(positions="learned").components()["o_proj_input"] == 0
+    assert block(positions="learned", attention="naive").components()["o_proj_input"] == n * d * 2
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+def test_recompute_bytes_keep_the_segment_input_in_a_layernorm(norm, dtype):
+    """The backward's rerun of one segment saves its forward again, less the segment input where
+    the first norm keeps x itself: a LayerNorm in every dtype, RMSNorm only in fp32 and fp64."""
+    cfg = TransformerConfig.preset("small", norm=norm, mlp="gelu", attention="naive")
+    with torch.device("meta"):
+        model = Transformer(cfg).to(torch_dtype(dtype))
+    batch, seq, segment = 2, 32, 3
+    cos, sin = model.rope(seq)
+    x = torch.empty(batch, seq, cfg.d_model, device="meta", dtype=torch_dtype(dtype),
+                    requires_grad=True)
+    with SavedTensors(exclude=(x, cos, sin)) as saved:
+        for block in list(model.blocks)[:segment]:
+            x = block(x, cos, sin)
+    predicted = activations.saved_bytes(cfg, batch, seq, dtype=dtype, checkpoint_segment=segment)
+    assert saved.activation_bytes == predicted.recompute_bytes
+    kept = norm == "layernorm" or dtype == "fp32"
+    assert predicted.recompute_bytes == segment * predicted.block_bytes - (
+        predicted.segment_input.nbytes if kept else 0)

@@ -10,8 +10,12 @@ import pytest
 from mlsys import hardware
 from mlsys.accounting import experts
 from mlsys.accounting.comms import collective_time_s
+from mlsys.accounting.params import param_counts
+from mlsys.models.catalog import named_config
+from mlsys.models.config import TransformerConfig
 
 H100 = hardware.H100_SXM
+MOE = TransformerConfig.preset("debug", n_experts=4, experts_per_token=2)
 
 
 def test_expert_params_are_the_ranks_share_of_the_experts():
@@ -75,3 +79,50 @@ def test_the_expert_width_threshold_balances_compute_and_all_to_all(link):
     assert experts.ep_compute_bound_d_ff(1, flop_per_s=c, link_bytes_per_s=w) == 0
     assert experts.ep_compute_bound_d_ff(ep, flop_per_s=c, link_bytes_per_s=w,
                                    act_dtype="fp32") == pytest.approx(2 * f_min)
+
+
+# --- from a mixture-of-experts config -------------------------------------------------------------
+
+
+def test_a_configs_experts_per_rank_and_what_stays_replicated():
+    cfg = named_config("mixtral-8x7b")
+    one = experts.expert_params(cfg)
+    assert one == 3 * 4_096 * 14_336 == experts.ep_expert_params(4_096, 14_336, 1, 1)
+    assert [experts.ep_rank_params(cfg, ep) * ep for ep in (1, 2, 4, 8)] == [32 * 8 * one] * 4
+    # the experts are all of the feed-forward but the router
+    counts = param_counts(cfg)
+    assert experts.ep_rank_params(cfg, 1) == 32 * (counts.ffn_per_layer - 4_096 * 8)
+    gelu = TransformerConfig.preset("debug", n_experts=4, experts_per_token=1, mlp="gelu",
+                                    bias=True, d_ff_expert=32)
+    assert experts.expert_params(gelu) == 2 * 64 * 32 + 32 + 64
+    with pytest.raises(ValueError, match=r"cfg.n_experts \(8\) is not divisible by ep \(3\)"):
+        experts.ep_rank_params(cfg, 3)
+
+
+def test_a_configs_all_to_all_bytes_are_top_k_tokens_over_every_layer():
+    cfg, ep, tokens = named_config("mixtral-8x7b"), 8, 4_096
+    sent = experts.moe_sent_bytes(cfg, ep, tokens=tokens, microbatches=2)
+    assert sent == pytest.approx(2 * 32 * 4 * 2 * tokens * 4_096 * 2 * (ep - 1) / ep, rel=1e-12)
+    assert sent == experts.ep_sent_bytes(4_096, ep, tokens=tokens, top_k=2, n_moe_layers=32,
+                                         microbatches=2)
+    assert experts.moe_sent_bytes(cfg, 1, tokens=tokens) == 0
+    assert experts.moe_sent_bytes(cfg, 2, tokens=tokens, act_dtype="fp32") == pytest.approx(
+        2 * experts.moe_sent_bytes(cfg, 2, tokens=tokens))
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        (lambda: experts.moe_sent_bytes(TransformerConfig(), 2, tokens=8), ValueError,
+         r"cfg.n_experts must be >= 1 for expert parallelism, got 0"),
+        (lambda: experts.expert_params(TransformerConfig()), ValueError, "n_experts"),
+        (lambda: experts.moe_sent_bytes(MOE, 3, tokens=8), ValueError,
+         r"n_experts \(4\) is not divisible by ep \(3\)"),
+        (lambda: experts.moe_sent_bytes(MOE, 0, tokens=8), ValueError, "ep must be a positive"),
+        (lambda: experts.moe_sent_bytes(MOE, 2, tokens=0), ValueError, "tokens must be a posit"),
+        (lambda: experts.ep_rank_params(object(), 2), TypeError, "cfg needs a 'd_model'"),
+    ],
+)
+def test_config_functions_refuse_bad_input(call, error, message):
+    with pytest.raises(error, match=message):
+        call()

@@ -6,7 +6,15 @@ import sys
 import pytest
 import torch
 
-from mlsys.accounting.params import ParamCounts, config_sizes, count_params, param_counts
+from mlsys.accounting.params import (
+    ParamCounts,
+    architecture,
+    config_sizes,
+    count_params,
+    megatron_gpt_params,
+    mlp_params,
+    param_counts,
+)
 from mlsys.models.config import PRESETS, TransformerConfig
 from mlsys.models.transformer import Transformer
 
@@ -141,3 +149,170 @@ def test_accounting_and_config_do_not_import_torch():
         "assert 'torch' not in sys.modules, 'torch was imported'"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --- the architectures beyond the book's model, against a reference built of torch.nn parts -----
+
+
+def _mlp(d: int, width: int, kind: str, bias: bool) -> torch.nn.ModuleDict:
+    parts = {"w1": torch.nn.Linear(d, width, bias=bias), "w2": torch.nn.Linear(width, d, bias=bias)}
+    if kind == "swiglu":
+        parts["w3"] = torch.nn.Linear(d, width, bias=bias)
+    return torch.nn.ModuleDict(parts)
+
+
+def reference(cfg: TransformerConfig) -> torch.nn.ModuleDict:
+    """The model `cfg` describes, written from torch.nn parts on the meta device: what
+    `param_counts` must count, module by module (the tied head is the embedding: not built)."""
+    d, kv = cfg.d_model, cfg.kv_heads * cfg.d_head
+
+    def norm():
+        if cfg.norm == "layernorm":
+            return torch.nn.LayerNorm(d)
+        return torch.nn.RMSNorm(d)
+
+    def ffn():
+        if not cfg.is_moe:
+            return _mlp(d, cfg.d_ff, cfg.mlp, cfg.bias)
+        return torch.nn.ModuleDict({
+            "router": torch.nn.Linear(d, cfg.n_experts, bias=False),
+            "experts": torch.nn.ModuleList(_mlp(d, cfg.expert_d_ff, cfg.mlp, cfg.bias)
+                                           for _ in range(cfg.n_experts)),
+            "shared": torch.nn.ModuleList(_mlp(d, cfg.expert_d_ff, cfg.mlp, cfg.bias)
+                                          for _ in range(cfg.n_shared_experts)),
+        })
+
+    with torch.device("meta"):
+        widths = {"q": d, "k": kv, "v": kv, "o": d}
+        blocks = torch.nn.ModuleList(torch.nn.ModuleDict({
+            "attn": torch.nn.ModuleDict({name: torch.nn.Linear(d, width, bias=cfg.bias)
+                                         for name, width in widths.items()}),
+            "ffn": ffn(), "attn_norm": norm(), "ffn_norm": norm()}) for _ in range(cfg.n_layers))
+        model = {"embedding": torch.nn.Embedding(cfg.vocab_size, d), "blocks": blocks,
+                 "final_norm": norm()}
+        if cfg.positions == "learned":
+            model["positions"] = torch.nn.Embedding(cfg.context_length, d)
+        if not cfg.tie_embeddings:
+            model["lm_head"] = torch.nn.Linear(d, cfg.vocab_size, bias=False)
+        return torch.nn.ModuleDict(model)
+
+
+def _active(model: torch.nn.ModuleDict, cfg: TransformerConfig) -> int:
+    """Parameters one token passes through: every module but the experts it is not routed to."""
+    unused = 0
+    if cfg.is_moe:
+        expert = numel(model["blocks"][0]["ffn"]["experts"][0])
+        unused = cfg.n_layers * (cfg.n_experts - cfg.experts_per_token) * expert
+    return numel(model) - unused
+
+
+def _linear_weights(model: torch.nn.Module) -> int:
+    return sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+
+
+VARIANTS = {  # small configs: each architecture field alone, then together
+    "gqa": dict(n_kv_heads=2),
+    "mqa": dict(n_kv_heads=1),
+    "gelu": dict(mlp="gelu"),
+    "relu": dict(mlp="relu", d_ff=100),
+    "layernorm": dict(norm="layernorm"),
+    "learned": dict(positions="learned"),
+    "tied": dict(tie_embeddings=True),
+    "bias": dict(bias=True),
+    "gpt": dict(mlp="gelu", norm="layernorm", positions="learned", tie_embeddings=True, bias=True),
+    "moe": dict(n_experts=4, experts_per_token=2),
+    "moe-shared": dict(n_experts=8, experts_per_token=2, d_ff_expert=48, n_shared_experts=1,
+                       n_kv_heads=2),
+    "moe-gelu-bias": dict(n_experts=4, experts_per_token=1, mlp="gelu", bias=True,
+                          norm="layernorm"),
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_every_architecture_counts_what_torch_builds(variant):
+    cfg = TransformerConfig.preset("debug", **VARIANTS[variant])
+    model, counts = reference(cfg), param_counts(cfg)
+    block = model["blocks"][0]
+    assert counts.total == numel(model)
+    assert counts.attention_per_layer == numel(block["attn"])
+    assert counts.ffn_per_layer == numel(block["ffn"])
+    assert counts.norms_per_layer == numel(block["attn_norm"]) + numel(block["ffn_norm"])
+    assert counts.final_norm == numel(model["final_norm"])
+    assert counts.embedding == numel(model["embedding"])
+    positions = model["positions"] if "positions" in model else torch.nn.Identity()
+    assert counts.position_embedding == numel(positions)
+    assert counts.lm_head == (numel(model["lm_head"]) if "lm_head" in model else 0)
+    assert counts.active == _active(model, cfg)
+    # matmul weights: every Linear's, and the head's even when it is the embedding
+    head = cfg.vocab_size * cfg.d_model if cfg.tie_embeddings else 0
+    assert counts.matmul == _linear_weights(model) + head
+    assert sum(counts.as_dict().values()) == counts.total
+    assert counts.non_embedding == numel(model["blocks"]) + numel(model["final_norm"])
+
+
+def test_active_and_matmul_of_a_mixture_of_experts():
+    cfg = TransformerConfig.preset("debug", n_experts=8, experts_per_token=2, n_shared_experts=1)
+    counts, d, f = param_counts(cfg), cfg.d_model, cfg.d_ff
+    expert = 3 * d * f
+    assert counts.ffn_per_layer == d * 8 + 9 * expert
+    assert counts.ffn_active_per_layer == d * 8 + 3 * expert
+    assert counts.total - counts.active == cfg.n_layers * 6 * expert
+    assert counts.matmul - counts.active_matmul == cfg.n_layers * 6 * expert
+    dense = param_counts(TransformerConfig.preset("debug"))
+    assert (dense.active, dense.active_matmul) == (dense.total, dense.matmul)
+
+
+def test_gqa_narrows_only_k_and_v():
+    mha, gqa = (param_counts(TransformerConfig.preset("small", n_kv_heads=k)) for k in (12, 3))
+    d = 768
+    assert mha.attention_per_layer == 4 * d * d
+    assert mha.attention_per_layer - gqa.attention_per_layer == 2 * d * (d - 3 * 64)
+    assert mha.ffn_per_layer == gqa.ffn_per_layer
+
+
+def test_megatron_formula_is_the_gpt_count_without_the_final_layernorm():
+    for layers, d, heads in ((2, 64, 4), (24, 2304, 24), (96, 12288, 96)):
+        cfg = TransformerConfig(vocab_size=51_200, context_length=2_048, d_model=d,
+                                n_layers=layers, n_heads=heads, d_ff=4 * d, mlp="gelu",
+                                norm="layernorm", positions="learned", tie_embeddings=True,
+                                bias=True)
+        assert count_params(cfg) == megatron_gpt_params(layers, d, 51_200, 2_048) + 2 * d
+    with pytest.raises(ValueError, match="n_layers must be a positive integer"):
+        megatron_gpt_params(0, 64, 100, 16)
+
+
+def test_mlp_params_and_a_duck_typed_architecture():
+    assert mlp_params(4, 8) == 3 * 4 * 8 and mlp_params(4, 8, "gelu") == 2 * 4 * 8
+    assert mlp_params(4, 8, "swiglu", bias=True) == 3 * 32 + 2 * 8 + 4
+    assert mlp_params(4, 8, "relu", bias=True) == 2 * 32 + 8 + 4
+    with pytest.raises(ValueError, match="mlp='geglu' is not one of"):
+        mlp_params(4, 8, "geglu")
+
+    class GqaSizes(Sizes):
+        n_heads, n_kv_heads = 2, 1
+
+    assert param_counts(GqaSizes()).attention_per_layer == 2 * 16 + 2 * 4 * 2
+    arch = architecture(Sizes())
+    assert (arch.kv_dim, arch.mlp, arch.norm, arch.bias, arch.is_moe) == (
+        4, "swiglu", "rmsnorm", False, False)
+
+
+@pytest.mark.parametrize(
+    ("fields", "error", "message"),
+    [
+        (dict(mlp="geglu"), ValueError, "cfg.mlp='geglu' is not one of"),
+        (dict(norm="batchnorm"), ValueError, "cfg.norm='batchnorm'"),
+        (dict(positions="alibi"), ValueError, "cfg.positions='alibi'"),
+        (dict(bias=1), TypeError, "cfg.bias must be True or False"),
+        (dict(tie_embeddings="yes"), TypeError, "cfg.tie_embeddings must be True or False"),
+        (dict(n_heads=2, n_kv_heads=3), ValueError, "cfg.n_kv_heads \\(3\\) must divide"),
+        (dict(n_kv_heads=1), TypeError, "cfg needs a 'n_heads' attribute"),
+        (dict(n_experts=-1), ValueError, "cfg.n_experts must be an integer >= 0"),
+        (dict(n_experts=4, experts_per_token=5), ValueError, "cfg.experts_per_token \\(5\\)"),
+        (dict(n_experts=4, experts_per_token=1, d_ff_expert=0), ValueError, "cfg.d_ff_expert"),
+        (dict(positions="learned"), TypeError, "cfg needs a 'context_length' attribute"),
+    ],
+)
+def test_bad_architecture_fields_of_a_duck_typed_config(fields, error, message):
+    with pytest.raises(error, match=message):
+        param_counts(_sizes(**fields))

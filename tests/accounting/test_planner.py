@@ -205,3 +205,87 @@ def test_a_measured_cluster_is_what_the_planner_divides_by():
                 "memory_bytes": 16e9, **kw}
         with pytest.raises(ValueError, match=message):
             planner.measured_cluster("x", **args)
+
+
+# --- the calibrated step model and the new knobs --------------------------------------------------
+
+LLAMA_LIKE = TransformerConfig(vocab_size=32_000, context_length=4096, d_model=4096, n_layers=32,
+                               n_heads=32, n_kv_heads=8, d_ff=14_336)
+
+
+@pytest.fixture(scope="module")
+def calibrated():
+    return planner.plan(LLAMA_LIKE, H100, n_devices=16, batch=64, seq=4096, model="calibrated")
+
+
+def test_a_calibrated_plan_is_the_step_models_prediction(calibrated):
+    from mlsys.accounting import step_model
+
+    assert calibrated[0].fits and calibrated[0].model == "calibrated"
+    for p in calibrated[:5]:
+        b = step_model.step_time(LLAMA_LIKE, H100, p.dims, batch=64, seq=4096,
+                                 micro_batch=p.micro_batch, virtual_stages=p.virtual_stages,
+                                 recompute=p.recompute, sequence_parallel=p.sequence_parallel,
+                                 zero=p.zero, ep=p.ep)
+        assert p.step_s == pytest.approx(b.step_s)
+        assert p.mfu == pytest.approx(b.mfu) and p.hfu >= p.mfu
+        assert p.tokens_per_s == pytest.approx(64 * 4096 / p.step_s)
+        assert p.model_tflops_per_device == pytest.approx(b.model_flops / p.step_s / 16 / 1e12)
+        memory = parallel.device_memory(LLAMA_LIKE, p.dims, micro_batch=p.micro_batch, seq=4096,
+                                        microbatches=p.microbatches,
+                                        sequence_parallel=p.sequence_parallel,
+                                        recompute=p.recompute,
+                                        virtual_stages=p.virtual_stages, zero=p.zero, ep=p.ep)
+        assert p.memory_bytes_per_device == memory.total
+
+
+def test_as_json_has_the_mesh_and_the_predictions(calibrated):
+    j = calibrated[0].as_json()
+    assert set(j["mesh"]) == {"dp_replicate", "dp_shard", "tp", "pp", "cp", "ep", "v"}
+    for key in ("step_s", "tokens_per_s", "model_tflops_per_device",
+                "hardware_tflops_per_device", "mfu", "hfu", "memory_bytes_per_device", "fits"):
+        assert key in j
+    b = j["breakdown"]
+    assert b["compute_s"] + b["bubble_s"] + b["optimizer_s"] + sum(b["exposed_s"].values()) \
+        == pytest.approx(j["step_s"])
+    import json
+
+    assert json.loads(json.dumps(j)) == j
+
+
+def test_held_knobs_are_held():
+    plans = planner.plan(LLAMA_LIKE, H100, n_devices=16, batch=64, seq=4096, model="calibrated",
+                         fixed={"pp": 2, "tp": 4}, micro_batch=2, virtual_stages=2,
+                         recompute="full", zero=1, sequence_parallel=False)
+    assert {(p.micro_batch, p.virtual_stages, p.recompute, p.zero, p.sequence_parallel)
+            for p in plans} == {(2, 2, "full", 1, False)}
+    assert all(p.recompute_s > 0 for p in plans)
+
+
+def test_first_order_counts_recomputation_and_interleaving():
+    dims = parallel.ParallelDims(dp_shard=4, pp=4)
+    kw = {"batch": 64, "seq": 1024, "microbatches": 4}
+    base = planner.evaluate(SMALL, H100, dims, **kw)
+    full = planner.evaluate(SMALL, H100, dims, recompute="full", **kw)
+    inter = planner.evaluate(SMALL, H100, dims, virtual_stages=3, **kw)
+    assert base.recompute_s == 0 and base.hfu == pytest.approx(base.mfu)
+    assert full.compute_s == pytest.approx(base.compute_s + full.recompute_s)
+    assert full.memory.activations < base.memory.activations
+    assert inter.bubble_s == pytest.approx(base.bubble_s / 3)
+
+
+@pytest.mark.parametrize(("kw", "message"), [
+    ({"model": "exact"}, "model"),
+    ({"zero": 3}, "zero must be 0, 1 or 2"),
+    ({"recompute": "most"}, "recompute"),
+    ({"micro_batch": 0}, "micro_batch"),
+])
+def test_bad_knobs_are_clear_errors(kw, message):
+    with pytest.raises(ValueError, match=message):
+        planner.plan(SMALL, "dgx-h100", **{**KW, **kw})
+
+
+def test_the_calibrated_model_needs_a_transformer():
+    with pytest.raises(ValueError, match="calibrated"):
+        planner.plan(parallel.XXL, "tpu-v5p", n_devices=64, batch=64, seq=1024,
+                     model="calibrated", fixed={"tp": 4})

@@ -1,7 +1,8 @@
 """`python -m mlsys.train` under torchrun on the CPU: the smoke run's loss falls; every mesh trains
 like one process; a rank killed with SIGKILL is restarted by torchrun and the run resumes from
 its checkpoint bit for bit; two torchrun "nodes" on one machine train a 2-D mesh; the exported
-weights load into the book's model. (Its flags: test_options.py.)
+weights load into the book's model; a grouped-query GeLU model and a GPT-shaped one train end to
+end (in this process, one rank). (Its flags: test_options.py.)
 
 Each run is a real torchrun job (5-10 s on 2 cores, train_runs.py); all of them write under
 tmp_path.
@@ -17,6 +18,7 @@ import torch
 from train_runs import BASE, ENV, RUN_TIMEOUT_S, rows, trained
 
 from mlsys.models.transformer import Transformer
+from mlsys.train import __main__ as entry
 from mlsys.train import checkpoint, options
 
 
@@ -109,3 +111,52 @@ def test_two_nodes_on_one_machine_train_a_2d_mesh(tmp_path, single):
 def test_export_loads_into_the_book_model(tmp_path, single):
     model = Transformer(options.resolve(options.parse(BASE), 1).config)
     model.load_state_dict(single[1])
+
+
+def run_here(monkeypatch, *args: str) -> list[dict]:
+    """`python -m mlsys.train` in this process, as one torchrun rank (about 2 s on a CPU): the
+    rank's variables set for the call only, so nothing leaks into other tests."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for name, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0",
+                        "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1",
+                        "MLSYS_PROFILE": "smoke"}.items():
+        monkeypatch.setenv(name, value)
+    for name in ("TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_USE_AGENT_STORE"):
+        monkeypatch.delenv(name, raising=False)
+    rows = entry.main([*BASE, *args])
+    assert not torch.distributed.is_initialized()
+    return rows
+
+
+ARCHITECTURES = {
+    "gqa_gelu": ["--n-kv-heads", "2", "--mlp", "gelu"],
+    "gpt": ["--mlp", "gelu", "--norm", "layernorm", "--positions", "learned", "--tie-embeddings",
+            "--bias"],
+}
+
+
+@pytest.mark.parametrize("shape", list(ARCHITECTURES))
+def test_a_gqa_gelu_and_a_gpt_shaped_model_train_end_to_end(tmp_path, monkeypatch, shape):
+    """The smoke run with grouped-query attention and a GeLU MLP (Llama's attention, GPT's MLP),
+    then GPT-2's whole shape: the loss falls, the export loads into the book's model of that
+    shape, the tied head stays the embedding, and the checkpoint refuses another shape."""
+    ckpt = tmp_path / shape
+    flags = [*ARCHITECTURES[shape], "--ckpt", str(ckpt)]
+    got = run_here(monkeypatch, *flags)
+    assert [r["step"] for r in got] == list(range(1, 11))
+    first, last = got[0]["loss"], sum(r["loss"] for r in got[-3:]) / 3
+    assert last < first - 0.5, (first, last)
+    cfg = options.resolve(options.parse([*BASE, *flags]), 1).config
+    weights = checkpoint.latest_weights(ckpt)
+    model = Transformer(cfg)
+    model.load_state_dict(weights)
+    assert weights["blocks.0.attn.k_proj.weight"].shape == (cfg.kv_heads * cfg.d_head, 64)
+    if cfg.tie_embeddings:
+        assert torch.equal(weights["lm_head.weight"], weights["token_embedding.weight"])
+        assert cfg.positions == "learned" and "token_embedding.position" in weights
+    other = options.resolve(options.parse([*BASE, "--ckpt", str(ckpt)]), 1)  # the preset's shape
+    with pytest.raises(ValueError, match="another model|differ|shape"):
+        options.check_paths(other)

@@ -32,6 +32,25 @@ expected but not checked here (no GPU): SDPA's flash kernel also keeps two small
 tensors, and its output is laid out (B, S, H, d_head), so merging the heads is a view there, one
 N D b less.
 
+The other shapes of `TransformerConfig` (each checked against the counter like the above):
+
+    grouped-query    the same as multi-head attention: the key/value heads are repeated for
+    (n_kv_heads)     their query heads before the backend, so the backend keeps n_heads of each;
+                     the narrower k and v projections and RoPE on them keep nothing. (A kernel
+                     that reads the shared heads itself, FlashAttention-2's or SDPA's with
+                     enable_gqa, would keep k and v at kv_heads: 2 N D b (1 - kv_heads/n_heads)
+                     less per block; not what this model runs.)
+    GeLU MLP         normed x; w1 x (GeLU's input), GeLU(w1 x) (w2's input): N D b + 2 N F b
+    ReLU MLP         normed x; relu(w1 x), one storage for ReLU's backward and w2's: N D b + N F b
+    LayerNorm        x itself in b (no up-cast copy) and its mean and 1/std, (N, 1) each, in w
+                     (as CUDA's kernel and the meta device keep them; the CPU kernel keeps those
+                     two in b, 2 N (w - b) bytes less, and the CPU tests say so): N D b + 2 N w
+    biases           nothing: a linear keeps its input and weight, the bias add nothing
+    learned positions nothing: the table's first seq rows are a slice, added to the embedding;
+                     without RoPE, SDPA's CPU kernel lays its output out as q is, (B, S, H, d_head),
+                     so merging the heads is a view there and the o_proj input no copy (N D b less)
+    tied head        nothing changes: the head keeps its input; the weight is model state
+
 The seeds' formulas, counted against this. "~5 B S D + B H S^2 bytes per layer" (a byte-movement
 one-pager) counts elements and calls them bytes; it drops the feed-forward it lists just above (a
 SwiGLU saves 4 (N, F) tensors: 16 N D at F = 4D, the largest term), the norms and the head
@@ -56,7 +75,9 @@ preset), and the best k ~ sqrt(L / r) stays far below sqrt(L): the "O(sqrt L)" o
 (2016) is right as L grows, k proportional to sqrt(L), but k = sqrt(L) is not this model's best.
 The FLOPs the recomputation costs are `accounting.recompute`.
 
-Pure: configs, ints and dtype names in, numbers and frozen dataclasses out. Used in: chapter 05.
+One module though over 300 lines: each part's saved-tensor list and the sums over them share the
+conventions of the table above, which split files would repeat. Pure: configs, ints and dtype
+names in, numbers and frozen dataclasses out. Used in: chapter 05.
 """
 
 from __future__ import annotations
@@ -67,7 +88,7 @@ from dataclasses import dataclass
 from mlsys import checks
 from mlsys.accounting.attention import BACKENDS, attention_saved_tensors
 from mlsys.accounting.memory import tensor_bytes
-from mlsys.accounting.params import config_sizes
+from mlsys.accounting.params import architecture, config_sizes
 from mlsys.dtypes import canonical
 
 FLOAT_DTYPES = ("fp64", "fp32", "bf16", "fp16")
@@ -77,7 +98,9 @@ ATTENTION = BACKENDS
 `mlsys.models.config.ATTENTION_BACKENDS`."""
 BLOCK_COMPONENTS = ("attn_norm", "qkv_input", "rope", "attention", "o_proj_input", "ffn_norm",
                     "ffn_input", "w1_output", "w3_output", "silu_output", "w2_input", "residual")
-"""The parts of a block, in forward order; "rope" and "residual" save nothing new."""
+"""The parts of a block, in forward order; "rope" and "residual" save nothing new. A GeLU MLP's
+activation input is "w1_output" and its output "w2_input" (no "w3_output", "silu_output"); a ReLU
+MLP keeps only "w2_input", its output."""
 
 
 @dataclass(frozen=True)
@@ -111,6 +134,7 @@ class ActivationBytes:
     block: tuple[SavedTensor, ...]  # one block, without checkpointing
     outside: tuple[SavedTensor, ...]  # token ids, final norm, head, loss
     segment_input: SavedTensor  # what a checkpointed segment keeps: its input (N, D)
+    norm: str = "rmsnorm"  # the blocks' first norm: LayerNorm keeps x itself in every dtype
 
     @property
     def n_segments(self) -> int:
@@ -165,12 +189,12 @@ class ActivationBytes:
     @property
     def recompute_bytes(self) -> int:
         """Extra saved during backward with checkpointing: the largest segment's blocks saved again,
-        less the segment input where the first norm saves x itself (fp32, fp64: the checkpoint
-        holds it already); 0 without."""
+        less the segment input where the first norm saves x itself (LayerNorm, or RMSNorm in
+        fp32 and fp64: the checkpoint holds it already); 0 without."""
         if self.checkpoint_segment is None:
             return 0
         blocks = min(self.checkpoint_segment, self.n_layers) * self.block_bytes
-        input_is_kept = _wide(self.dtype) == self.dtype  # the norm keeps x itself (fp32, fp64)
+        input_is_kept = self.norm == "layernorm" or _wide(self.dtype) == self.dtype
         return blocks - (self.segment_input.nbytes if input_is_kept else 0)
 
     @property
@@ -185,48 +209,74 @@ def _wide(dtype: str) -> str:
     return "fp64" if dtype == "fp64" else "fp32"
 
 
-def _rmsnorm(component: str, rows: tuple[int, ...], d: int, dtype: str) -> tuple[SavedTensor, ...]:
+def _norm(component: str, rows: tuple[int, ...], d: int, dtype: str,
+          kind: str = "rmsnorm") -> tuple[SavedTensor, ...]:
+    """What one norm keeps: RMSNorm x (up-cast to the wide dtype), 1/rms and x/rms; LayerNorm
+    (one fused op) x in the model's dtype, its mean and 1/std in the wide one (as on CUDA)."""
     wide = _wide(dtype)
+    if kind == "layernorm":
+        return (SavedTensor(component, "x", (*rows, d), dtype),
+                SavedTensor(component, "mean", (*rows, 1), wide),
+                SavedTensor(component, "1/std", (*rows, 1), wide))
     x = "x" if wide == dtype else f"x up-cast to {wide}"
     return (SavedTensor(component, x, (*rows, d), wide),
             SavedTensor(component, "1/rms", (*rows, 1), wide),
             SavedTensor(component, "x/rms", (*rows, d), wide))
 
 
+def _mlp(rows: tuple[int, ...], d: int, f: int, dtype: str, kind: str) -> tuple[SavedTensor, ...]:
+    """What the feed-forward keeps after its norm: its input, then the hidden (N, F) tensors."""
+    hidden = (*rows, f)
+    if kind == "swiglu":
+        inner = (SavedTensor("w1_output", "w1 x (silu's input)", hidden, dtype),
+                 SavedTensor("w3_output", "w3 x", hidden, dtype),
+                 SavedTensor("silu_output", "silu(w1 x)", hidden, dtype),
+                 SavedTensor("w2_input", "silu(w1 x) * w3 x", hidden, dtype))
+    elif kind == "gelu":
+        inner = (SavedTensor("w1_output", "w1 x (GeLU's input)", hidden, dtype),
+                 SavedTensor("w2_input", "GeLU(w1 x)", hidden, dtype))
+    else:  # relu's backward reads its output, the same storage as w2's input
+        inner = (SavedTensor("w2_input", "relu(w1 x), read by relu's backward and w2", hidden,
+                             dtype),)
+    reads = "w1 and w3" if kind == "swiglu" else "w1"
+    return (SavedTensor("ffn_input", f"normed x, read by {reads}", (*rows, d), dtype), *inner)
+
+
 def _block_tensors(cfg, batch: int, seq: int, *, dtype: str,
                    attention: str) -> tuple[SavedTensor, ...]:
     """The tensors one block saves, in forward order (the module docstring's list)."""
     d, h, f = config_sizes(cfg, "d_model", "n_heads", "d_ff")
+    arch = architecture(cfg)
     rows = (batch, seq)
-    # q, k after RoPE; v the projection's output (naive: copied contiguous by the matmul)
+    # q, k after RoPE; v the projection's output (naive: copied contiguous by the matmul); with
+    # grouped-query attention the same: the backend gets every key/value head repeated
     core = attention_saved_tensors(batch, h, seq, seq, d // h, dtype, backend=attention)
-    # fused backends keep their output; merging the heads copies it unless heads or seq is 1
-    merged = () if attention != "naive" and 1 in (h, seq) else (
+    # fused backends keep their output; merging the heads copies it unless heads or seq is 1, or
+    # SDPA's output already has q's (batch, seq, heads, d_head) layout (q not rotated: a view)
+    view = attention != "naive" and (1 in (h, seq) or (
+        attention == "sdpa" and arch.positions == "learned"))
+    merged = () if view else (
         SavedTensor("o_proj_input", "heads merged (a copy)", (*rows, d), dtype),)
-    hidden = (*rows, f)
     return (
-        *_rmsnorm("attn_norm", rows, d, dtype),
+        *_norm("attn_norm", rows, d, dtype, arch.norm),
         SavedTensor("qkv_input", "normed x, read by q, k and v", (*rows, d), dtype),
         *(SavedTensor("attention", *spec) for spec in core),
         *merged,
-        *_rmsnorm("ffn_norm", rows, d, dtype),
-        SavedTensor("ffn_input", "normed x, read by w1 and w3", (*rows, d), dtype),
-        SavedTensor("w1_output", "w1 x (silu's input)", hidden, dtype),
-        SavedTensor("w3_output", "w3 x", hidden, dtype),
-        SavedTensor("silu_output", "silu(w1 x)", hidden, dtype),
-        SavedTensor("w2_input", "silu(w1 x) * w3 x", hidden, dtype),
+        *_norm("ffn_norm", rows, d, dtype, arch.norm),
+        *_mlp(rows, d, f, dtype, arch.mlp),
     )
 
 
 def _outside_tensors(cfg, batch: int, seq: int, *, dtype: str) -> tuple[SavedTensor, ...]:
     """What the model and loss save outside the blocks (the module docstring's list)."""
     d, vocab = config_sizes(cfg, "d_model", "vocab_size")
+    norm = architecture(cfg).norm
     rows = (batch, seq)
     targets = () if 1 in (batch, seq) else (  # tokens[:, 1:] is contiguous only then
         SavedTensor("loss", "targets, flattened (a copy)", (batch * seq,), "int64"),)
     return (
         SavedTensor("embedding", "token ids: the whole batch", (batch, seq + 1), "int64"),
-        *_rmsnorm("final_norm", rows, d, dtype),
+        *_norm("final_norm", rows, d, dtype, norm),
         SavedTensor("lm_head_input", "normed x", (*rows, d), dtype),
         SavedTensor("loss", "log-probabilities (logits in fp32)", (*rows, vocab), "fp32"),
         *targets,
@@ -264,7 +314,8 @@ def saved_bytes(cfg, batch: int, seq: int, *, dtype: str = "fp32", attention: st
         checkpoint_segment=checkpoint_segment,
         block=_block_tensors(cfg, batch, seq, dtype=dtype, attention=attention),
         outside=_outside_tensors(cfg, batch, seq, dtype=dtype),
-        segment_input=SavedTensor("checkpoint", "segment input", (batch, seq, d), dtype))
+        segment_input=SavedTensor("checkpoint", "segment input", (batch, seq, d), dtype),
+        norm=architecture(cfg).norm)
 
 
 # --- formulas as the seeds write them, kept so the book can check them ---------------------------

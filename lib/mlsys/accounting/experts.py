@@ -3,13 +3,17 @@ mixture-of-experts layer.
 
 Experts spread over `ep` ranks (GShard, Lepikhin et al. 2020, https://arxiv.org/abs/2006.16668;
 Switch, Fedus et al. 2021, https://arxiv.org/abs/2101.03961); not an axis of the planner's mesh
-(`accounting.parallel`). Pure: no torch. Used in: the parallelism one-pager.
+(`accounting.parallel`). The `ep_*` functions take sizes; `expert_params`, `ep_rank_params` and
+`moe_sent_bytes` take a mixture-of-experts config (`TransformerConfig` with `n_experts` >= 1:
+its MLP kind, biases, expert width, top-k and layers). Pure: no torch. Used in: the parallelism
+one-pager, the planner.
 """
 
 from __future__ import annotations
 
 from mlsys import checks
 from mlsys.accounting.comms import collective_cost
+from mlsys.accounting.params import architecture, config_sizes, mlp_params
 from mlsys.dtypes import bytes_per_element
 
 
@@ -57,3 +61,49 @@ def ep_compute_bound_d_ff(ep: int, *, flop_per_s: float, link_bytes_per_s: float
     c = checks.positive(flop_per_s, "flop_per_s")
     w = checks.positive(link_bytes_per_s, "link_bytes_per_s")
     return 2 / 9 * bytes_per_element(act_dtype) * (e - 1) / e * c / w
+
+
+def _moe(cfg) -> tuple[int, int]:
+    """(d_model, n_layers) of a mixture-of-experts config; ValueError for a dense one."""
+    d, n_layers = config_sizes(cfg, "d_model", "n_layers")
+    if not architecture(cfg).is_moe:
+        raise ValueError(f"cfg.n_experts must be >= 1 for expert parallelism, got "
+                         f"{getattr(cfg, 'n_experts', 0)} (a dense model)")
+    return d, n_layers
+
+
+def expert_params(cfg) -> int:
+    """Parameters of one expert of `cfg`: an MLP of width `expert_d_ff` (3 d f for SwiGLU, 2 d f
+    for GeLU and ReLU), with its biases when the config has them (`params.mlp_params`)."""
+    d, _ = _moe(cfg)
+    arch = architecture(cfg)
+    return mlp_params(d, arch.expert_d_ff, arch.mlp, arch.bias)
+
+
+def ep_rank_params(cfg, ep: int) -> int:
+    """Routed-expert parameters one rank holds over every layer when `cfg`'s experts are spread
+    over `ep` ranks: n_layers x n_experts / ep x `expert_params`. The router and the shared
+    experts, like the rest of the model, are on every rank and not counted here."""
+    _, n_layers = _moe(cfg)
+    arch = architecture(cfg)
+    e = checks.positive_int(ep, "ep")
+    if arch.n_experts % e:
+        raise ValueError(f"cfg.n_experts ({arch.n_experts}) is not divisible by ep ({e}): "
+                         f"{arch.n_experts} / {e} = {arch.n_experts / e:g} experts per rank")
+    return n_layers * arch.n_experts // e * expert_params(cfg)
+
+
+def moe_sent_bytes(cfg, ep: int, *, tokens: int, act_dtype: str = "bf16",
+                   capacity_factor: float = 1.0, microbatches: int = 1) -> float:
+    """Bytes a rank sends per step for expert parallelism of `cfg` (`ep_sent_bytes` with its
+    d_model, top-k = experts_per_token and every layer a MoE layer), `tokens` per micro-batch on
+    this rank. Shared experts run where the token is and send nothing. `ep` must divide
+    n_experts."""
+    d, n_layers = _moe(cfg)
+    arch = architecture(cfg)
+    e = checks.positive_int(ep, "ep")
+    if arch.n_experts % e:
+        raise ValueError(f"cfg.n_experts ({arch.n_experts}) is not divisible by ep ({e})")
+    return ep_sent_bytes(d, e, tokens=tokens, top_k=arch.experts_per_token,
+                         n_moe_layers=n_layers, act_dtype=act_dtype,
+                         capacity_factor=capacity_factor, microbatches=microbatches)

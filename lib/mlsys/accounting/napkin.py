@@ -176,7 +176,7 @@ def napkin(
         tokens_per_device=tokens,
         forward_flops_per_token=step.forward_matmul_flops / tokens,
         training_flops_per_token=training_flops_per_token(cfg, seq),
-        six_n_flops_per_token=six_n_flops_per_token(n_params),
+        six_n_flops_per_token=six_n_flops_per_token(params.param_counts(cfg).active),
         step_flops_per_device=step.training_matmul_flops,
         peak_flop_per_s=peak,
         hbm_bytes_per_s=acc.hbm_bytes_per_s,

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from mlsys import checks, hardware
-from mlsys.accounting import parallel
+from mlsys.accounting import parallel, step_model
 from mlsys.accounting.flops import attention_share
 from mlsys.accounting.parallel_traffic import comm_time_s
 from mlsys.dtypes import bytes_per_element
@@ -80,6 +80,23 @@ class Plan:
     mfu: float = 0.0
     communication_s: dict[str, float] = field(default_factory=dict)  # all of it, before overlap
     zero1: bool = False  # the dp_replicate copies shard master weights and optimizer (ZeRO-1)
+    # the knobs (held or chosen) and what the model counts
+    micro_batch: int = 1  # sequences per micro-batch
+    virtual_stages: int = 1
+    recompute: str = "none"
+    sequence_parallel: bool = False
+    zero: int = 0  # the dp_replicate axis' ZeRO stage (dp_shard is ZeRO-3)
+    ep: int = 1
+    dtype: str = "bf16"
+    model: str = "first_order"
+    recompute_s: float = 0.0  # the part of compute_s that is recomputation
+    other_s: dict[str, float] = field(default_factory=dict)  # the optimizer step
+    model_flops: float = 0.0  # a step's, all devices, no recomputation
+    hardware_flops: float = 0.0  # with recomputation
+    peak_flop_per_s: float = 1.0  # one device's dense peak in `dtype`
+    tokens: int = 0  # a step's: batch x seq
+
+    compute_includes_recompute = True
 
     @property
     def fits(self) -> bool:
@@ -87,12 +104,60 @@ class Plan:
 
     @property
     def step_s(self) -> float:
-        return self.compute_s + self.bubble_s + sum(self.exposed_s.values())
+        return (self.compute_s + self.bubble_s + sum(self.exposed_s.values())
+                + sum(self.other_s.values()))
 
     @property
     def serial_step_s(self) -> float:
         """The step if no communication overlapped anything: compute + bubble + all of it."""
-        return self.compute_s + self.bubble_s + sum(self.communication_s.values())
+        return (self.compute_s + self.bubble_s + sum(self.communication_s.values())
+                + sum(self.other_s.values()))
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.step_s
+
+    @property
+    def model_tflops_per_device(self) -> float:
+        return self.model_flops / (self.step_s * self.dims.world_size) / 1e12
+
+    @property
+    def hardware_tflops_per_device(self) -> float:
+        return self.hardware_flops / (self.step_s * self.dims.world_size) / 1e12
+
+    @property
+    def hfu(self) -> float:
+        """Hardware FLOPs (recomputation counted) a second / (devices x peak)."""
+        return self.hardware_flops / (self.step_s * self.dims.world_size * self.peak_flop_per_s)
+
+    @property
+    def memory_bytes_per_device(self) -> float:
+        return self.memory.total
+
+    @property
+    def breakdown(self) -> dict[str, Any]:
+        """Where the step goes, in seconds: compute (recomputation included), recompute,
+        bubble, the optimizer, and the exposed communication of each axis."""
+        return {"compute_s": self.compute_s, "recompute_s": self.recompute_s,
+                "bubble_s": self.bubble_s, **{f"{k}_s": v for k, v in self.other_s.items()},
+                "exposed_s": dict(self.exposed_s)}
+
+    def as_json(self) -> dict[str, Any]:
+        """One JSON object: `mesh` (every degree, ep and v included), the knobs and the
+        predictions (`python -m mlsys plan --json`)."""
+        d = self.dims
+        mesh = {"dp_replicate": d.dp_replicate, "dp_shard": d.dp_shard, "tp": d.tp,
+                "pp": d.pp, "cp": d.cp, "ep": self.ep, "v": self.virtual_stages}
+        return {"mesh": mesh, "micro_batch": self.micro_batch,
+                "microbatches": self.microbatches, "recompute": self.recompute,
+                "sequence_parallel": self.sequence_parallel, "zero": self.zero,
+                "dtype": self.dtype, "model": self.model, "step_s": self.step_s,
+                "tokens_per_s": self.tokens_per_s,
+                "model_tflops_per_device": self.model_tflops_per_device,
+                "hardware_tflops_per_device": self.hardware_tflops_per_device,
+                "mfu": self.mfu, "hfu": self.hfu,
+                "memory_bytes_per_device": self.memory_bytes_per_device, "fits": self.fits,
+                "breakdown": self.breakdown, "limit": self.limit}
 
     @property
     def traffic_s(self) -> float:
@@ -119,46 +184,119 @@ class Plan:
                 "mfu": self.mfu, "limit": self.limit, "zero1": self.zero1 and d.dp_replicate > 1}
 
 
+MODELS = ("first_order", "calibrated")
+"""The planner's time models: the first-order one (compute at peak x `efficiency`, bandwidth
+only, perfect overlap) and the calibrated step model (`accounting.step_model`)."""
+
+
 def evaluate(cfg, cluster: hardware.Cluster, dims: parallel.ParallelDims, *, batch: int, seq: int,
              microbatches: int = 1, recipe: str = "bf16_mixed_adamw", dtype: str = "bf16",
-             efficiency: float = 1.0, zero1: bool = False) -> Plan:
+             efficiency: float = 1.0, zero1: bool = False, model: str = "first_order",
+             micro_batch: int | None = None, virtual_stages: int = 1, recompute: str = "none",
+             sequence_parallel: bool | None = None, zero: int | None = None,
+             ep: int = 1) -> Plan:
     """The prediction for one mesh (the module docstring); `batch` global sequences of `seq`;
-    `zero1`: the dp_replicate copies shard their master weights and optimizer state."""
-    parallel.check_model(cfg, dims, batch=batch, seq=seq, microbatches=microbatches)
+    `zero1`: the dp_replicate copies shard their master weights and optimizer state (`zero`,
+    when given, says it: 0, 1 or 2). `micro_batch`, when given, sets the micro-batch count
+    (batch / dp / micro_batch); `sequence_parallel` None: on when tp > 1."""
+    checks.choice(model, "model", MODELS)
+    if not isinstance(zero1, bool):
+        raise TypeError(f"zero1 must be True or False, got {zero1!r}")
+    v, ep = virtual_stages or 1, ep or 1
+    recompute = checks.choice(recompute or "none", "recompute", parallel.RECOMPUTE)
+    if zero is not None and (isinstance(zero, bool) or zero not in parallel.ZERO_STAGES):
+        raise ValueError(f"zero must be 0, 1 or 2 (dp_shard is ZeRO-3), got {zero!r}")
+    if micro_batch is not None:
+        checks.positive_ints(micro_batch=micro_batch, batch=batch)
+        if batch % (dims.dp * micro_batch):
+            raise ValueError(f"batch ({batch}) is not divisible by dp x micro_batch = {dims.dp} "
+                             f"x {micro_batch}")
+        microbatches = batch // dims.dp // micro_batch
+    parallel.check_model(cfg, dims, batch=batch, seq=seq, microbatches=microbatches,
+                         virtual_stages=v, ep=ep)
+    stage = (1 if zero1 else 0) if zero is None else zero
+    sp = dims.tp > 1 if sequence_parallel is None else bool(sequence_parallel) and dims.tp > 1
+    if model == "calibrated":
+        return _calibrated(cfg, cluster, dims, batch=batch, seq=seq, m=microbatches, v=v,
+                           recompute=recompute, sp=sp, zero=stage, ep=ep, recipe=recipe,
+                           dtype=dtype)
     eff = checks.fraction(efficiency, "efficiency")
     shape = parallel.model_shape(cfg, seq=seq, dtype=dtype)
     acc = cluster.accelerator
     peak = acc.peak_flop_per_s(dtype)
     m, n = microbatches, dims.world_size
     micro = batch // dims.dp // m
-    sp = dims.tp > 1
-    memory = parallel.device_memory(shape, dims, micro_batch=micro, seq=seq,
-                                    microbatches=m, recipe=recipe, act_dtype=dtype,
-                                    sequence_parallel=sp)
-    if not isinstance(zero1, bool):
-        raise TypeError(f"zero1 must be True or False, got {zero1!r}")
-    if zero1 and dims.dp_replicate > 1:  # the distributed optimizer: master and moments sharded
+    extra = {k: val for k, val in (("recompute", recompute), ("virtual_stages", v), ("ep", ep))
+             if val not in ("none", 1)}
+    if stage == 2:
+        extra["zero"] = 2
+    memory = parallel.device_memory(shape if not extra else cfg, dims, micro_batch=micro,
+                                    seq=seq, microbatches=m, recipe=recipe, act_dtype=dtype,
+                                    sequence_parallel=sp, **extra)
+    if stage == 1 and dims.dp_replicate > 1:  # the distributed optimizer: master and moments
         memory = replace(memory, master=memory.master / dims.dp_replicate,
                          optimizer=memory.optimizer / dims.dp_replicate)
     flops = shape.training_flops_per_token * batch * seq
-    compute = flops / (n * peak * eff)
-    bubble = compute * (dims.pp - 1) / m
+    hw = flops + _recomputed_flops(cfg, batch=batch, seq=seq, recompute=recompute, flops=flops)
+    compute = hw / (n * peak * eff)
+    bubble = compute * (dims.pp - 1) / (v * m)
     times = comm_time_s(cfg, dims, cluster, 0, batch=batch, seq=seq, microbatches=m,
                         param_dtype=dtype, reduce_dtype=dtype, act_dtype=dtype,
                         sequence_parallel=sp)
-    if zero1 and dims.dp_replicate > 1:  # the distributed optimizer accumulates the micro-
-        times["replicate_all_reduce"] /= m  # batches' gradients and reduces them once a step
+    sharded = stage >= 1 and dims.dp_replicate > 1
+    if sharded:  # the distributed optimizer accumulates the micro-batches' gradients and
+        times["replicate_all_reduce"] /= m  # reduces them once a step
     data = times["all_gather"] + times["reduce_scatter"] + times["replicate_all_reduce"]
     share = attention_share(cfg, seq) if hasattr(cfg, "n_heads") else 0.0
     tokens = micro * seq // dims.cp
     link = cluster.send_link(dims.span("pp")).bytes_per_s  # the sender's own port
     send = tokens * shape.d_model * bytes_per_element(dtype) / link  # one activation
-    total = {"fsdp": data, "tp": times["tp"], "cp": times["cp"], "pp": 2 * (dims.pp - 1) * send}
+    total = {"fsdp": data, "tp": times["tp"], "cp": times["cp"],
+             "pp": 2 * (dims.pp - 1) * v * send}
     exposed = {"fsdp": max(0.0, data - compute), "tp": times["tp"],
                "cp": max(0.0, times["cp"] - compute * share), "pp": total["pp"]}
     step = compute + bubble + sum(exposed.values())
     return Plan(dims, m, memory, acc.hbm_bytes, compute, bubble, exposed,
-                flops / (step * n * peak), total, zero1 and dims.dp_replicate > 1)
+                flops / (step * n * peak), total, sharded, micro, v, recompute, sp, stage, ep,
+                dtype, "first_order", hw / (n * peak * eff) - flops / (n * peak * eff), {},
+                flops, hw, peak, batch * seq)
+
+
+def _recomputed_flops(cfg, *, batch: int, seq: int, recompute: str, flops: float) -> float:
+    """FLOPs of the recomputed forward (`step_model.step_flops`); a `FeedForwardStack` reruns
+    its whole forward (a third of the step) under "full" and has no attention core."""
+    if recompute == "none":
+        return 0.0
+    if isinstance(cfg, parallel.FeedForwardStack):
+        return flops / 3 if recompute == "full" else 0.0
+    model, hw = step_model.step_flops(cfg, batch=batch, seq=seq, recompute=recompute)
+    return hw - model
+
+
+def _calibrated(cfg, cluster: hardware.Cluster, dims: parallel.ParallelDims, *, batch: int,
+                seq: int, m: int, v: int, recompute: str, sp: bool, zero: int, ep: int,
+                recipe: str, dtype: str) -> Plan:
+    """The step model's prediction (`step_model.step_time`) and `parallel.device_memory`."""
+    if isinstance(cfg, parallel.FeedForwardStack):
+        raise ValueError("model='calibrated' needs a transformer config (heads, vocabulary); "
+                         "a FeedForwardStack has neither: use model='first_order'")
+    micro = batch // dims.dp // m
+    bd = step_model.step_time(cfg, cluster, dims, batch=batch, seq=seq, micro_batch=micro,
+                              virtual_stages=v, recompute=recompute, sequence_parallel=sp,
+                              dtype=dtype, zero=zero, ep=ep)
+    memory = _memory(cfg, dims, micro=micro, seq=seq, m=m, recipe=recipe, dtype=dtype, sp=sp,
+                     recompute=recompute, v=v, zero=zero, ep=ep)
+    return Plan(dims, m, memory, cluster.accelerator.hbm_bytes, bd.compute_s, bd.bubble_s,
+                dict(bd.exposed_s), bd.mfu, dict(bd.communication_s),
+                zero >= 1 and dims.dp_replicate > 1, micro, v, recompute, sp, zero, ep, dtype,
+                "calibrated", bd.recompute_s, {"optimizer": bd.optimizer_s}, bd.model_flops,
+                bd.hardware_flops, bd.peak_flop_per_s, batch * seq)
+
+
+def _memory(cfg, dims, *, micro, seq, m, recipe, dtype, sp, recompute, v, zero, ep):
+    return parallel.device_memory(cfg, dims, micro_batch=micro, seq=seq, microbatches=m,
+                                  recipe=recipe, act_dtype=dtype, sequence_parallel=sp,
+                                  recompute=recompute, virtual_stages=v, zero=zero, ep=ep)
 
 
 def _factorizations(n: int, k: int):
@@ -217,29 +355,132 @@ def meshes(cfg, cluster: hardware.Cluster, *, n_devices: int, batch: int, seq: i
 def plan(cfg, cluster: str | hardware.Cluster, *, n_devices: int, batch: int, seq: int,
          recipe: str = "bf16_mixed_adamw", dtype: str = "bf16", efficiency: float = 1.0,
          fixed: dict[str, int] | None = None, microbatches: int | None = None,
-         zero1: bool = True) -> list[Plan]:
-    """Every valid mesh with its best micro-batch count (every divisor of the per-replica batch,
-    or `microbatches`), ranked: the ones that fit by step time (ties by traffic, then by fewer
-    axes, then by memory), then the rest by memory. `zero1`: the dp_replicate copies shard their
-    optimizer (the default) or hold it whole."""
+         zero1: bool = True, model: str = "first_order", micro_batch: int | None = None,
+         virtual_stages: int | None = None, recompute: str | None = None,
+         sequence_parallel: bool | None = None, zero: int | None = None,
+         ep: int | None = None) -> list[Plan]:
+    """Every valid mesh with its best knobs, ranked: the ones that fit by step time (ties by
+    traffic, then by fewer axes, then by memory), then the rest by memory. A knob given is held;
+    None is searched (`model="calibrated"`) or its default (`"first_order"`: every micro-batch
+    count, or `microbatches`; no recomputation, v = 1, SP with TP, ZeRO-1 copies with `zero1`,
+    ep = 1). The calibrated search, per mesh (the pruning that keeps 1,024 devices to seconds):
+    micro-batches of 1, 2, 4 or 8 sequences (or `microbatches`); v of 1, 2 or 4 where the
+    layers allow; ep over the powers of two that divide the experts and dp x cp; SP whenever tp
+    > 1 (it only saves); and of (ZeRO stage, recomputation) the first that fits in the order
+    of their cost in time, (0, none), (1, none), (2, none), (0, selective) ... (2, full): each
+    saves memory and costs time, so the cheapest that fits is the one to run."""
     cl = hardware.get_cluster(cluster) if isinstance(cluster, str) else cluster
     if not isinstance(cl, hardware.Cluster):
         raise TypeError(f"cluster must be a name such as 'dgx-h100' or a Cluster, got {cluster!r}")
     checks.positive_ints(batch=batch, seq=seq)
-    if microbatches is not None:
-        checks.positive_int(microbatches, "microbatches")
+    checks.choice(model, "model", MODELS)
+    for name, value in (("microbatches", microbatches), ("micro_batch", micro_batch),
+                        ("virtual_stages", virtual_stages), ("ep", ep)):
+        if value is not None:
+            checks.positive_int(value, name)
+    if recompute is not None:
+        checks.choice(recompute, "recompute", parallel.RECOMPUTE)
+    if zero is not None and (isinstance(zero, bool) or zero not in parallel.ZERO_STAGES):
+        raise ValueError(f"zero must be 0, 1 or 2 (dp_shard is ZeRO-3), got {zero!r}")
+    common = dict(batch=batch, seq=seq, recipe=recipe, dtype=dtype, zero1=zero1, model=model,
+                  sequence_parallel=sequence_parallel)
     best: list[Plan] = []
+    knobs = (microbatches, micro_batch, virtual_stages, recompute, zero, ep, common)
     for dims in meshes(cfg, cl, n_devices=n_devices, batch=batch, seq=seq, fixed=fixed):
         per_replica = batch // dims.dp
-        counts = [microbatches] if microbatches else _divisors(per_replica)
-        options = [evaluate(cfg, cl, dims, batch=batch, seq=seq, microbatches=k, recipe=recipe,
-                            dtype=dtype, efficiency=efficiency, zero1=zero1)
-                   for k in counts if per_replica % k == 0]
-        if not options:
-            raise ValueError(f"microbatches ({microbatches}) does not divide the per-replica "
-                             f"batch ({per_replica}) of {dims}")
-        best.append(min(options, key=_rank))
+        if model == "calibrated":
+            options = _searched(cfg, cl, dims, per_replica, *knobs, quick=True)
+        else:
+            if micro_batch is not None:
+                counts = [per_replica // micro_batch] if per_replica % micro_batch == 0 else []
+            else:
+                counts = [microbatches] if microbatches else _divisors(per_replica)
+            options = [evaluate(cfg, cl, dims, microbatches=k, efficiency=efficiency,
+                                virtual_stages=virtual_stages or 1, recompute=recompute,
+                                zero=zero, ep=ep or 1, **common)
+                       for k in counts if k and per_replica % k == 0
+                       and _allowed(cfg, dims, batch, seq, k, virtual_stages or 1, ep or 1)]
+        if options:
+            best.append(min(options, key=_rank))
+        elif microbatches or micro_batch:
+            continue
+    if not best:
+        held = f"microbatches ({microbatches})" if microbatches else \
+            f"micro_batch ({micro_batch})"
+        raise NoValidMesh(f"{held} divides no mesh's per-replica batch, or no mesh allows the "
+                          "held knobs (virtual stages, ep)")
+    if model == "calibrated":  # the knobs searched in full on the best meshes of the first pass
+        best.sort(key=_rank)
+        for i, p in enumerate(best[:REFINED]):
+            best[i] = min(_searched(cfg, cl, p.dims, batch // p.dims.dp, *knobs) + [p],
+                          key=_rank)
     return sorted(best, key=_rank)
+
+
+REFINED = 16
+"""The calibrated search's second pass: how many of the first pass's best meshes get every
+micro-batch size and virtual-stage count."""
+
+
+def _allowed(cfg, dims, batch, seq, m, v, ep) -> bool:
+    try:
+        parallel.check_model(cfg, dims, batch=batch, seq=seq, microbatches=m, virtual_stages=v,
+                             ep=ep)
+    except ValueError:
+        return False
+    return True
+
+
+MICRO_BATCHES = (1, 2, 4, 8)
+"""The micro-batch sizes the calibrated search tries (those that divide the per-replica batch;
+the largest divisor below 8 when none of them does)."""
+VIRTUAL_STAGES = (1, 2, 4)
+
+
+def _searched(cfg, cl, dims, per_replica, microbatches, micro_batch, virtual_stages,
+              recompute, zero, ep, common, *, quick: bool = False) -> list[Plan]:
+    """The calibrated options of one mesh (`plan`'s docstring); `quick`: the first pass, one
+    micro-batch size (the smallest) and one virtual-stage count (the largest up to 2)."""
+    if micro_batch is not None:
+        sizes = [micro_batch] if per_replica % micro_batch == 0 else []
+    elif microbatches is not None:
+        sizes = [per_replica // microbatches] if per_replica % microbatches == 0 else []
+    else:
+        sizes = [b for b in MICRO_BATCHES if per_replica % b == 0]
+    vs = [virtual_stages] if virtual_stages else [
+        x for x in VIRTUAL_STAGES if x == 1 or (dims.pp > 1 and
+                                                cfg.n_layers % (dims.pp * x) == 0)]
+    if quick:
+        sizes, vs = sizes[:1], [max(x for x in vs if x <= 2)] if vs else []
+    n_exp = getattr(cfg, "n_experts", 0)
+    if ep:
+        eps = [ep]
+    else:
+        eps = [x for x in (1, 2, 4, 8, 16, 32, 64)
+               if x == 1 or (n_exp and n_exp % x == 0 and (dims.dp * dims.cp) % x == 0)]
+    zeros = [zero] if zero is not None else ([0, 1, 2] if dims.dp_replicate > 1 else [0])
+    recomputes = [recompute] if recompute else list(parallel.RECOMPUTE)
+    order = [(z, r) for r in recomputes for z in zeros]
+    sp = dims.tp > 1 if common["sequence_parallel"] is None else common["sequence_parallel"]
+    out = []
+    for v in vs:
+        for e in eps:
+            for b in sizes:
+                m = per_replica // b
+                if not _allowed(cfg, dims, common["batch"], common["seq"], m, v, e):
+                    continue
+                def fits(z, r, b=b, m=m, v=v, e=e):
+                    mem = _memory(cfg, dims, micro=b, seq=common["seq"], m=m,
+                                  recipe=common["recipe"], dtype=common["dtype"],
+                                  sp=sp and dims.tp > 1, recompute=r, v=v, zero=z, ep=e)
+                    return mem.total <= cl.accelerator.hbm_bytes
+
+                chosen = order[-1]  # the least memory: when even it does not fit, no search
+                if len(order) > 1 and fits(*chosen):
+                    chosen = next(o for o in order if o == order[-1] or fits(*o))
+                out.append(evaluate(cfg, cl, dims, microbatches=m, virtual_stages=v, ep=e,
+                                    zero=chosen[0], recompute=chosen[1], **common))
+    return out
 
 
 def _same(seconds: float) -> float:

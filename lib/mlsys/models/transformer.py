@@ -15,12 +15,27 @@ RMSNorm is Zhang & Sennrich (2019). The attention backend is an explicit config 
 "flash_triton" its Triton kernels, which run only where Triton does (a CUDA GPU, or the CPU under
 the interpreter) and raise a clear error elsewhere (`mlsys.models.config.ATTENTION_BACKENDS`).
 
+The config's other fields build the other shapes real models have (the defaults are the above):
+`n_kv_heads` grouped-query attention (Ainslie et al., 2023; 1 = multi-query, Shazeer, 2019): k and
+v project to kv_heads x d_head, and each key/value head is repeated for the n_heads / kv_heads
+query heads it serves before the backend, so every backend runs unchanged; `mlp` "gelu" or "relu"
+for w2(act(w1 x)) (GPT-2, OPT); `norm` "layernorm" for `nn.LayerNorm` with its bias; `positions`
+"learned" for GPT's context_length x d_model table added to the token embedding (the RoPE tables
+stay, unused, so the model's pieces are called alike for every config); `tie_embeddings` for a head
+whose weight is the embedding; `bias` for a bias on every linear but the head (GPT-2). A mixture
+of experts (`n_experts > 0`) is costed by `mlsys.accounting`, not built: a ValueError.
+
 The model builds on the meta device without allocating (`with torch.device("meta"):
 Transformer(cfg)`); after `model.to_empty(device=...)`, call `model.init_weights(seed=...)` to
-fill weights and RoPE tables. Parameter counts come from `mlsys.accounting.params`, the one
-formula the tests check against this module.
+fill weights and RoPE tables (and tie the head to the embedding again: `to_empty` unties it).
+Parameter counts come from `mlsys.accounting.params`, the one formula the tests check against
+this module.
 
-Used in: §sec-tensors-memory (chapter 02) and the attention, precision and parallelism chapters.
+One module though over 300 lines: the whole model reads top to bottom in one file (as CS336's
+and nanoGPT's do), and its pieces are only ever used together.
+
+Used in: §sec-tensors-memory (chapter 02), the attention, precision and parallelism chapters, and
+chapter 10's `python -m mlsys.train`.
 """
 
 from __future__ import annotations
@@ -38,7 +53,8 @@ from mlsys.tensors import merge_heads, split_heads
 
 __all__ = [
     "ATTENTION_BACKENDS", "PRESETS", "TransformerConfig", "RMSNorm", "RotaryEmbedding",
-    "apply_rope", "CausalSelfAttention", "SwiGLU", "Block", "Transformer",
+    "apply_rope", "repeat_kv", "CausalSelfAttention", "SwiGLU", "MLP", "Block",
+    "GELU_APPROXIMATION", "TokenPositionEmbedding", "Transformer",
 ]  # fmt: skip
 
 INIT_STD = 0.02  # std of the normal init of every Linear and Embedding weight (GPT-2's choice)
@@ -57,6 +73,22 @@ def _config(config: object) -> TransformerConfig:
     if not isinstance(config, TransformerConfig):
         raise TypeError(f"config must be a TransformerConfig, got {type(config).__name__}")
     return config
+
+
+def _dense(config: TransformerConfig) -> TransformerConfig:
+    """`config`, refused before anything is allocated when it is a mixture of experts."""
+    if _config(config).n_experts > 0:
+        raise ValueError(f"n_experts = {config.n_experts}: experts are costed by the planner, "
+                         "not built (mlsys.accounting); the runnable model is dense "
+                         "(n_experts = 0)")
+    return config
+
+
+def _norm(config: TransformerConfig) -> nn.Module:
+    """The config's norm over d_model: RMSNorm (a gain) or `nn.LayerNorm` (a gain and a bias)."""
+    if config.norm == "layernorm":
+        return nn.LayerNorm(config.d_model, eps=config.norm_eps)
+    return RMSNorm(config.d_model, config.norm_eps)
 
 
 def check_tokens(tokens: object, config: TransformerConfig, *, ids: bool = True) -> None:
@@ -155,19 +187,37 @@ def apply_rope(
     return rotated.flatten(-2)  # interleave the pairs back: (batch, heads, seq, d_head)
 
 
+def repeat_kv(
+    x: Float[Tensor, "batch kv_heads seq d_head"], group: int
+) -> Float[Tensor, "batch heads seq d_head"]:
+    """Each key/value head repeated for the `group` consecutive query heads it serves: head j of
+    the result is head j // group of `x` (a copy, contiguous; `group` 1 returns x itself)."""
+    if checks.positive_int(group, "group") == 1:
+        return x
+    return x.repeat_interleave(group, dim=1)
+
+
 class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention with RoPE; 4 d_model^2 parameters (q, k, v, o; no bias)."""
+    """Causal self-attention with RoPE (or none, for learned positions) and grouped-query heads:
+    q and o are d_model x d_model, k and v d_model x kv_heads d_head; biases when `config.bias`.
+
+    `n_heads` is the local number of query heads (tensor parallelism divides it); the key/value
+    heads are n_heads / group, `group` = n_heads / kv_heads query heads sharing each, which no
+    split of the heads changes."""
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
         d = _config(config).d_model
         self.n_heads, self.d_head = config.n_heads, config.d_head
+        self.group = config.n_heads // config.kv_heads  # query heads per key/value head
+        self.rotary = config.positions == "rope"
         self.backend = config.attention  # recorded: the implementation that actually runs
         self.attend = attention_backend(config.attention)
-        self.q_proj = nn.Linear(d, d, bias=False)
-        self.k_proj = nn.Linear(d, d, bias=False)
-        self.v_proj = nn.Linear(d, d, bias=False)
-        self.o_proj = nn.Linear(d, d, bias=False)
+        kv = config.kv_heads * config.d_head
+        self.q_proj = nn.Linear(d, d, bias=config.bias)
+        self.k_proj = nn.Linear(d, kv, bias=config.bias)
+        self.v_proj = nn.Linear(d, kv, bias=config.bias)
+        self.o_proj = nn.Linear(d, d, bias=config.bias)
 
     def forward(
         self,
@@ -178,26 +228,55 @@ class CausalSelfAttention(nn.Module):
         _check_width(x, "x", self.q_proj.in_features, "CausalSelfAttention")
         if x.ndim != 3:
             raise ValueError(f"x must have shape (batch, seq, d_model), got {tuple(x.shape)}")
+        kv_heads = self.n_heads // self.group
         q = split_heads(self.q_proj(x), self.n_heads)  # (batch, heads, seq, d_head)
-        k = split_heads(self.k_proj(x), self.n_heads)
-        v = split_heads(self.v_proj(x), self.n_heads)
-        y = self.attend(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v)  # q's shape
+        k = split_heads(self.k_proj(x), kv_heads)  # (batch, kv_heads, seq, d_head)
+        v = split_heads(self.v_proj(x), kv_heads)
+        if self.rotary:
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        y = self.attend(q, repeat_kv(k, self.group), repeat_kv(v, self.group))  # q's shape
         return self.o_proj(merge_heads(y))  # concatenate the heads: (batch, seq, d_model)
 
 
 class SwiGLU(nn.Module):
-    """Feed-forward w2(silu(w1 x) * w3 x); 3 d_model d_ff parameters."""
+    """Feed-forward w2(silu(w1 x) * w3 x); 3 d_model d_ff parameters (+ 2 d_ff + d_model biases)."""
 
-    def __init__(self, d_model: int, d_ff: int):
+    def __init__(self, d_model: int, d_ff: int, bias: bool = False):
         super().__init__()
         checks.positive_ints(d_model=d_model, d_ff=d_ff)
-        self.w1 = nn.Linear(d_model, d_ff, bias=False)  # gate
-        self.w3 = nn.Linear(d_model, d_ff, bias=False)  # value
-        self.w2 = nn.Linear(d_ff, d_model, bias=False)  # back to the residual stream
+        self.w1 = nn.Linear(d_model, d_ff, bias=bias)  # gate
+        self.w3 = nn.Linear(d_model, d_ff, bias=bias)  # value
+        self.w2 = nn.Linear(d_ff, d_model, bias=bias)  # back to the residual stream
 
     def forward(self, x: Float[Tensor, "batch seq d_model"]) -> Float[Tensor, "batch seq d_model"]:
         _check_width(x, "x", self.w1.in_features, "SwiGLU")
         return self.w2(F.silu(self.w1(x)) * self.w3(x))  # hidden: (batch, seq, d_ff)
+
+
+GELU_APPROXIMATION = "tanh"
+"""GeLU as GPT-2 computes it: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) (Hendrycks &
+Gimpel, 2016, §2; OpenAI's GPT-2 code, GPT-3 and Megatron-LM's fused bias-GeLU use it). The
+exact x Phi(x) (erf) differs from it by less than 5e-4 (4.7e-4 at x = -2.70; tested): the GPT
+models were trained with the tanh form, so it is the one their weights expect."""
+
+
+class MLP(nn.Module):
+    """Feed-forward w2(act(w1 x)) with act GeLU (tanh form, `GELU_APPROXIMATION`) or ReLU;
+    2 d_model d_ff parameters (+ d_ff + d_model biases)."""
+
+    def __init__(self, d_model: int, d_ff: int, activation: str = "gelu", bias: bool = False):
+        super().__init__()
+        checks.positive_ints(d_model=d_model, d_ff=d_ff)
+        self.activation = checks.choice(activation, "activation", ("gelu", "relu"))
+        self.w1 = nn.Linear(d_model, d_ff, bias=bias)  # up
+        self.w2 = nn.Linear(d_ff, d_model, bias=bias)  # back to the residual stream
+
+    def forward(self, x: Float[Tensor, "batch seq d_model"]) -> Float[Tensor, "batch seq d_model"]:
+        _check_width(x, "x", self.w1.in_features, "MLP")
+        h = self.w1(x)  # (batch, seq, d_ff)
+        if self.activation == "gelu":
+            return self.w2(F.gelu(h, approximate=GELU_APPROXIMATION))
+        return self.w2(F.relu(h))
 
 
 class Block(nn.Module):
@@ -205,10 +284,14 @@ class Block(nn.Module):
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
-        self.attn_norm = RMSNorm(_config(config).d_model, config.norm_eps)
+        config = _dense(config)
+        self.attn_norm = _norm(config)
         self.attn = CausalSelfAttention(config)
-        self.ffn_norm = RMSNorm(config.d_model, config.norm_eps)
-        self.ffn = SwiGLU(config.d_model, config.d_ff)
+        self.ffn_norm = _norm(config)
+        if config.mlp == "swiglu":
+            self.ffn: nn.Module = SwiGLU(config.d_model, config.d_ff, bias=config.bias)
+        else:
+            self.ffn = MLP(config.d_model, config.d_ff, config.mlp, bias=config.bias)
 
     def forward(
         self,
@@ -220,32 +303,68 @@ class Block(nn.Module):
         return x + self.ffn(self.ffn_norm(x))
 
 
+class TokenPositionEmbedding(nn.Embedding):
+    """GPT's input: a token's embedding (`weight`, vocab x d_model) plus its position's learned
+    vector (`position`, context_length x d_model). One module, so that whatever calls the model's
+    `token_embedding` (a pipeline's first stage) adds the positions too."""
+
+    def __init__(self, vocab_size: int, d_model: int, context_length: int):
+        super().__init__(vocab_size, d_model)
+        self.position = nn.Parameter(torch.empty(checks.positive_int(
+            context_length, "context_length"), d_model))
+        nn.init.normal_(self.position, mean=0.0, std=INIT_STD)
+
+    def forward(self, tokens: Int[Tensor, "batch seq"]) -> Float[Tensor, "batch seq d_model"]:
+        seq = tokens.shape[-1]
+        if seq > self.position.shape[0]:
+            raise ValueError(f"seq ({seq}) exceeds context_length ({self.position.shape[0]})")
+        return super().forward(tokens) + self.position[:seq]  # a slice: no index tensor saved
+
+
 class Transformer(nn.Module):
     """Decoder-only LM: tokens (batch, seq) -> logits (batch, seq, vocab); see the module doc."""
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
-        self.config = _config(config)
-        self.token_embedding = nn.Embedding(config.vocab_size, config.d_model)
+        self.config = _dense(config)
+        if config.positions == "learned":
+            self.token_embedding: nn.Embedding = TokenPositionEmbedding(
+                config.vocab_size, config.d_model, config.context_length)
+        else:
+            self.token_embedding = nn.Embedding(config.vocab_size, config.d_model)
+        # the RoPE tables (unused by the blocks with learned positions)
         self.rope = RotaryEmbedding(config.d_head, config.context_length, config.rope_theta)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
-        self.final_norm = RMSNorm(config.d_model, config.norm_eps)
+        self.final_norm = _norm(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.tie_weights()
         self.apply(self._init_weights)
+
+    def tie_weights(self) -> None:
+        """With `tie_embeddings`, make the head's weight the embedding's (one Parameter)."""
+        if self.config.tie_embeddings:
+            self.lm_head.weight = self.token_embedding.weight
 
     @staticmethod
     def _init_weights(module: nn.Module, generator: torch.Generator | None = None) -> None:
-        """Normal(0, INIT_STD) for Linear and Embedding weights; gains of 1; RoPE tables rebuilt."""
+        """Normal(0, INIT_STD) for Linear and Embedding weights and learned positions; biases 0;
+        gains 1 (LayerNorm's bias 0); RoPE tables rebuilt."""
         if isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, mean=0.0, std=INIT_STD, generator=generator)
-        elif isinstance(module, (RMSNorm, RotaryEmbedding)):
+        if isinstance(module, TokenPositionEmbedding):
+            nn.init.normal_(module.position, mean=0.0, std=INIT_STD, generator=generator)
+        elif isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+        elif isinstance(module, (RMSNorm, RotaryEmbedding, nn.LayerNorm)):
             module.reset_parameters()
 
     def init_weights(self, seed: int | None = None) -> None:
         """Re-initialize every weight and buffer in place (e.g. after `to_empty` from meta).
 
         With `seed`, the draw is reproducible on any device (a generator on the weights' device).
+        A tied head is tied again first (`to_empty` gives the head a storage of its own).
         """
+        self.tie_weights()
         if seed is not None:
             checks.nonnegative_int(seed, "seed")
         device = self.lm_head.weight.device

@@ -3,8 +3,14 @@
 `parse(argv)` turns the command line into `Options`; `resolve(options, world_size)` checks them
 against the world torchrun started (mesh product, model and batch divisibility, precision,
 memory, data file, checkpoint directory, a checkpoint of another model) and returns the `Run`
-that every rank executes. A bad flag is a clear error naming it and the rule, raised on every
-rank before `init_process_group`, so nothing hangs and nothing is half-written.
+that every rank executes. The model is a preset (`--preset`) or a Hugging Face config.json
+(`--config`), and the architecture flags (`--n-kv-heads`, `--mlp`, `--norm`, `--positions`,
+`--tie-embeddings`, `--bias`) reshape either: a Llama-shaped model (RMSNorm, RoPE, SwiGLU,
+grouped-query attention) or a GPT-shaped one (LayerNorm, learned positions, GeLU, biases, a tied
+head) at any size (`model_config`). A bad flag is a clear error naming it and the rule, raised on
+every rank before `init_process_group`, so nothing hangs and nothing is half-written. One module
+though over 300 lines: every flag and every check made before the process group in one place, so
+that no rank starts with a flag left unchecked.
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ import torch
 
 from mlsys import checks, env, hardware
 from mlsys.accounting import parallel, planner
-from mlsys.models.config import PRESETS, TransformerConfig
+from mlsys.models.config import MLP_KINDS, NORM_KINDS, POSITION_KINDS, PRESETS, TransformerConfig
+from mlsys.models.hf_config import from_hf_config
 from mlsys.policies import POLICIES, PrecisionPolicy, policy
 from mlsys.tables import mesh_text
 from mlsys.train import checkpoint_layout, data
@@ -30,13 +37,25 @@ TRAINABLE = tuple(name for name, p in POLICIES.items() if p.optimizer == "adamw"
 AXES = ("dp_replicate", "dp_shard", "tp", "pp", "cp")
 SMOKE_STEPS = 8
 """Steps of a run with no --steps in the smoke profile (a few seconds on a CPU)."""
+ARCHITECTURE_FLAGS = {"n_kv_heads": "--n-kv-heads", "mlp": "--mlp", "norm": "--norm",
+                      "positions": "--positions", "tie_embeddings": "--tie-embeddings",
+                      "bias": "--bias", "d_ff": "--d-ff"}
+"""`TransformerConfig` field -> the flag that overrides it (None: the preset's or config's)."""
 
 
 @dataclass(frozen=True)
 class Options:
     """The command line, as given (None: choose from the world and the profile)."""
 
-    preset: str = "debug"
+    preset: str | None = None  # None: "debug", or the model of --config
+    config: str | None = None  # a Hugging Face config.json (instead of --preset)
+    n_kv_heads: int | None = None  # the architecture flags: None keeps the model's own
+    mlp: str | None = None
+    norm: str | None = None
+    positions: str | None = None
+    tie_embeddings: bool | None = None
+    bias: bool | None = None
+    d_ff: int | None = None
     mesh: str | None = None  # "dp_shard=2,tp=2", "auto", or None: FSDP over every rank
     precision: str = "fp32_adamw"
     steps: int | None = None
@@ -114,7 +133,23 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m mlsys.train",
                                 description="Train a book model on torchrun's ranks.")
     d = Options()
-    p.add_argument("--preset", default=d.preset, choices=list(PRESETS))
+    model = p.add_mutually_exclusive_group()
+    model.add_argument("--preset", default=None, choices=list(PRESETS),
+                       help="a book model size (default: debug)")
+    model.add_argument("--config", default=None, metavar="PATH",
+                       help="a Hugging Face config.json (Llama, Mistral, Qwen2, GPT-2, OPT, ...)")
+    p.add_argument("--n-kv-heads", type=int, default=None,
+                   help="key/value heads: grouped-query attention (1: multi-query)")
+    p.add_argument("--mlp", default=None, choices=list(MLP_KINDS),
+                   help="feed-forward: swiglu (Llama) or gelu / relu (GPT-2, OPT)")
+    p.add_argument("--d-ff", type=int, default=None, help="the feed-forward's hidden width")
+    p.add_argument("--norm", default=None, choices=list(NORM_KINDS))
+    p.add_argument("--positions", default=None, choices=list(POSITION_KINDS),
+                   help="rope, or a learned context_length x d_model table (GPT)")
+    p.add_argument("--tie-embeddings", action=argparse.BooleanOptionalAction, default=None,
+                   help="the head's weight is the embedding")
+    p.add_argument("--bias", action=argparse.BooleanOptionalAction, default=None,
+                   help="a bias on every linear layer but the head (GPT-2)")
     p.add_argument("--mesh", default=None,
                    help="dp_replicate=..,dp_shard=..,tp=..,pp=..,cp=.. (product = world size), "
                         "or auto: the planner's first choice; default: FSDP over every rank")
@@ -156,6 +191,56 @@ def parse(argv: list[str] | None = None) -> Options:
     return Options(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Options)})
 
 
+def model_name(options: Options) -> str:
+    """The flag that names the run's model: "--preset debug" or "--config PATH"."""
+    if options.config is not None:
+        return f"--config {options.config}"
+    return f"--preset {options.preset or 'debug'}"
+
+
+def model_config(options: Options) -> TransformerConfig:
+    """The model of `options`: the preset (or --config's) with the architecture flags applied;
+    a ValueError naming the flags for a model the config refuses, or that the runnable model does
+    not build (a mixture of experts)."""
+    o = options
+    if o.config is not None and o.preset is not None:
+        raise ValueError("--preset and --config both name the model: give one")
+    overrides = {field: getattr(o, field) for field in ARCHITECTURE_FLAGS
+                 if getattr(o, field) is not None}
+    try:
+        if o.config is None:
+            cfg = TransformerConfig.preset(o.preset or "debug", **overrides)
+        else:
+            cfg = dataclasses.replace(from_hf_config(Path(o.config)), **overrides)
+    except (TypeError, ValueError) as error:
+        given = "".join(f" {ARCHITECTURE_FLAGS[k]} {v}" for k, v in overrides.items())
+        raise ValueError(f"{model_name(o)}{given}: {error}") from error
+    if cfg.n_experts:
+        raise ValueError(f"{model_name(o)} is a mixture of {cfg.n_experts} experts: experts are "
+                         "costed by the planner, not built (python -m mlsys plan costs it); "
+                         "this entry point trains dense models")
+    return cfg
+
+
+def check_architecture(cfg: TransformerConfig, dims: parallel.ParallelDims,
+                       sequence_parallel: bool) -> None:
+    """What `mlsys.train.parallelize` cannot split: KV heads tp does not divide (it splits them,
+    as torchtitan does, never replicates), a tied head across pipeline stages (the embedding's and
+    the head's gradients would need a sum between the first and last stage, as Megatron-LM does)
+    or under sequence parallelism (the embedding and the head are split two ways), and learned
+    positions under sequence parallelism (the split embedding would split the table too)."""
+    if cfg.kv_heads % dims.tp:
+        raise ValueError(f"--mesh tp={dims.tp} must divide the {cfg.kv_heads} key/value heads "
+                         "(--n-kv-heads): this entry point splits them over tp, it does not "
+                         "replicate them")
+    if cfg.tie_embeddings and dims.pp > 1:
+        raise ValueError("--tie-embeddings with pp > 1: the first stage's embedding and the "
+                         "last stage's head would be two copies; use pp=1 or --no-tie-embeddings")
+    if sequence_parallel and (cfg.tie_embeddings or cfg.positions == "learned"):
+        raise ValueError("--sequence-parallel splits the embedding by rows and the head by "
+                         "columns: not with --tie-embeddings or --positions learned")
+
+
 def memory_limit_bytes(device: str) -> tuple[float, str]:
     """What one rank may hold: the GPU's memory, or this machine's RAM shared by its ranks."""
     if device == "cuda":
@@ -195,10 +280,10 @@ def resolve(options: Options, world_size: int) -> Run:
     device = env.device() if o.device == "auto" else o.device
     if device not in ("cpu", "cuda"):
         device = "cpu"
-    cfg = TransformerConfig.preset(o.preset)
+    cfg = model_config(o)
     if o.seq_len > cfg.context_length:
-        raise ValueError(f"--seq-len ({o.seq_len}) must be <= the {o.preset} preset's "
-                         f"context_length ({cfg.context_length})")
+        raise ValueError(f"--seq-len ({o.seq_len}) must be <= the context_length of "
+                         f"{model_name(o)} ({cfg.context_length})")
     chosen = policy(o.precision)
     if chosen.optimizer != "adamw":
         raise ValueError(f"--precision {o.precision!r} is an {chosen.optimizer} recipe; this "
@@ -233,6 +318,7 @@ def resolve(options: Options, world_size: int) -> Run:
                          f"({dims.dp}) * --micro-batch ({micro}) = {dims.dp * micro}")
     accumulation = o.global_batch // (dims.dp * micro)
     parallel.check_model(cfg, dims, batch=o.global_batch, seq=o.seq_len, microbatches=accumulation)
+    check_architecture(cfg, dims, o.sequence_parallel)
     if dims.pp > 1 and accumulation < dims.pp:
         raise ValueError(f"pp ({dims.pp}) needs at least pp micro-batches per step to fill the "
                          f"pipeline, got {accumulation}: lower --micro-batch")
@@ -246,12 +332,12 @@ def resolve(options: Options, world_size: int) -> Run:
     if o.kill_rank_at is not None and o.kill_rank_at[0] >= world:
         raise ValueError(f"--kill-rank-at {o.kill_rank_at[0]}:{o.kill_rank_at[1]}: rank "
                          f"must be < the world size ({world})")
-    check_memory(cfg, dims, chosen, micro, o.seq_len, accumulation, device, o.preset)
+    check_memory(cfg, dims, chosen, micro, o.seq_len, accumulation, device, model_name(o))
     return Run(o, cfg, dims, chosen, steps, warmup, micro, accumulation, device, why)
 
 
 def check_memory(cfg: TransformerConfig, dims: parallel.ParallelDims, chosen: PrecisionPolicy,
-                 micro: int, seq: int, accumulation: int, device: str, preset: str) -> None:
+                 micro: int, seq: int, accumulation: int, device: str, model: str) -> None:
     """ValueError when the planner's memory for this mesh exceeds what one rank may hold."""
     need = parallel.device_memory(cfg, dims, micro_batch=micro, seq=seq, microbatches=accumulation,
                            recipe=chosen.name, act_dtype=chosen.compute_dtype,
@@ -260,7 +346,7 @@ def check_memory(cfg: TransformerConfig, dims: parallel.ParallelDims, chosen: Pr
     if need.total > limit:
         parts = ", ".join(f"{k} {v / 1e9:.3g}" for k, v in dataclasses.asdict(need).items()
                           if isinstance(v, float) and v)
-        raise ValueError(f"--preset {preset} does not fit: the planner puts {need.total / 1e9:.3g}"
+        raise ValueError(f"{model} does not fit: the planner puts {need.total / 1e9:.3g}"
                          f" GB on each rank ({parts} GB) and this machine has "
                          f"{limit / 1e9:.3g} GB ({what}); add ranks to dp_shard, or lower "
                          "--micro-batch or --seq-len")
@@ -284,7 +370,12 @@ def describe(run: Run) -> str:
     """One paragraph: what this run trains, on which mesh and recipe, and why that mesh."""
     d, o = run.dims, run.options
     mesh = mesh_text(d) if d.world_size > 1 else "one rank"
-    lines = [f"train {o.preset} ({run.config.n_layers} layers, d_model {run.config.d_model}) on "
+    c = run.config
+    shape = (f"{c.n_layers} layers, d_model {c.d_model}, {c.n_heads} heads"
+             f"{f' ({c.kv_heads} key/value)' if c.kv_heads != c.n_heads else ''}, {c.mlp}, "
+             f"{c.norm}, {c.positions} positions{', tied head' if c.tie_embeddings else ''}"
+             f"{', biases' if c.bias else ''}")
+    lines = [f"train {o.config or o.preset or 'debug'} ({shape}) on "
              f"{d.world_size} {run.device} rank(s): {mesh}; {run.policy.name}; {run.steps} steps "
              f"of {o.global_batch} x {o.seq_len} tokens ({run.accumulation} micro-batches of "
              f"{run.micro_batch} per data-parallel rank); data: {o.data or 'stdlib bytes'}"]
