@@ -778,7 +778,7 @@ print(f"checked: {whose} solution matches mlsys.roofline on {len(SHAPES_Q6)} sha
 # %% tags=["hide-cell"]
 checks_04 = experiments.byte_checks  # (imported above with kernel_table)
 he = {(gpu, moved): checks_04.ops_per_element(a100.peak_flop_per_s("fp32"), bw, moved)
-      for gpu, bw in (("40", checks_04.A100_40GB_BYTES_PER_S), ("80", a100.hbm_bytes_per_s))
+      for gpu, bw in (("40", hardware.A100_40GB_HBM_BYTES_PER_S), ("80", a100.hbm_bytes_per_s))
       for moved in (4, 8)}  # an fp32 element read (4 B), or read and written back (8 B)
 assert round(he["40", 4]) == 50 and he["40", 8] > 2 * 49 and he["80", 4] < 40 < he["80", 8] < 80
 for (gpu, moved), value in he.items():

@@ -347,10 +347,11 @@ roof_table
 # **hierarchical** all-reduce reduce-scatters inside each node over NVLink, all-reduces each GPU's
 # eighth across the nodes on its own port, and all-gathers inside the node: pipelined chunk by
 # chunk, it moves bytes at the rings' rate in far fewer latency steps. **In-network reduction**
-# (NVIDIA's SHARP switches) adds the shards in the switches: each GPU sends its eighth once and
-# receives the sum once, instead of $2\frac{N-1}{N}$ times. The `xl` bf16 gradients
-# ({glue:text}`cn_gb:.1f` GB) over {glue:text}`cn_nodes` nodes ({glue:text}`cn_gpus` H100s), with
-# the seed's α per step (`accounting.comms.hierarchical_all_reduce_s`):
+# (NVIDIA's SHARP switches {cite}`graham2016sharp`) adds the shards in the switches: each GPU
+# sends its eighth once and receives the sum once, instead of $2\frac{N-1}{N}$ times. The `xl`
+# bf16 gradients ({glue:text}`cn_gb:.1f` GB) over {glue:text}`cn_nodes` nodes
+# ({glue:text}`cn_gpus` H100s), with the seed's α per step
+# (`accounting.comms.hierarchical_all_reduce_s`):
 
 # %% tags=["hide-input"]
 cross_table

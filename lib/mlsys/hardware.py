@@ -557,3 +557,17 @@ def detect() -> Accelerator | None:
     if not torch.cuda.is_available():
         return None
     return match_device_name(torch.cuda.get_device_name())
+
+
+# --- GPUs the book meets only in others' measurements ---------------------------------------------
+
+A100_40GB_HBM_BYTES_PER_S = 1555 * GIGA
+"""The A100 40GB SXM's HBM2 bandwidth, "1,555 GB/s" (NVIDIA's A100 datasheet; the 80GB SXM's is
+2,039 GB/s, `A100_80GB_SXM`); its fp32 peak is the 80GB's, 19.5 TFLOP/s. Chapter 04 uses it for
+He's "about 50 operations" (his essay's GPU)."""
+
+AMPERE_MEMORY_BYTES = {"A100 80GB": 80 * GIGA, "A100 40GB": 40 * GIGA, "A40": 48 * GIGA,
+                       "RTX A6000": 48 * GIGA, "A30": 24 * GIGA, "A10": 24 * GIGA,
+                       "RTX 3090": 24 * GIGA}
+"""NVIDIA's Ampere-generation GPUs (compute capability 8.x, the `ampere_sgemm` kernels) with more
+than 16 GB, and their memory, from NVIDIA's product pages: chapter 05 infers the seed's GPU."""

@@ -38,9 +38,9 @@ def test_every_kernel_matches_its_float64_reference():
 def test_ops_per_element_gives_hes_count_and_its_correction():
     # He, "Making Deep Learning Go Brrrr" (2022): 19.5 TFLOP/s against 1.5 TB/s of fp32 numbers.
     a100 = hardware.A100_80GB_SXM
-    reads_40 = byte_checks.ops_per_element(19.5e12, byte_checks.A100_40GB_BYTES_PER_S, 4)
+    reads_40 = byte_checks.ops_per_element(19.5e12, hardware.A100_40GB_HBM_BYTES_PER_S, 4)
     assert round(reads_40) == 50  # the notes' "about 50": reads only, on the 40 GB
-    assert byte_checks.ops_per_element(19.5e12, byte_checks.A100_40GB_BYTES_PER_S, 8) == \
+    assert byte_checks.ops_per_element(19.5e12, hardware.A100_40GB_HBM_BYTES_PER_S, 8) == \
         pytest.approx(2 * reads_40)  # with the write back: about 100
     assert byte_checks.ops_per_element(a100.peak_flop_per_s("fp32"), a100.hbm_bytes_per_s, 8) \
         == pytest.approx(76.5, abs=0.1)

@@ -7,8 +7,6 @@ really do on this machine, against the byte counts and the references of the lib
 - `kernel_table`: the fused Triton kernels (the fma chain, softmax, RMSNorm) against their float64
   references on irregular shapes, in fp32 and fp16, within the kernels' tolerances.
 Every function asserts what it shows: a count or a kernel that disagrees stops the page.
-`A100_40GB_BYTES_PER_S` is the one figure of a GPU that `mlsys.hardware` does not list, for the
-page's check of He's "about 50 operations" (the seed's notes on his essay).
 Used in: §sec-bytes.
 """
 
@@ -20,10 +18,6 @@ from mlsys import checks
 from mlsys.accounting import bytes as bytes_moved
 from mlsys.book import Table
 from mlsys.counters import ByteCounter, StorageTouches
-
-A100_40GB_BYTES_PER_S = 1555e9
-"""The A100 40GB SXM's HBM2 bandwidth, "1,555 GB/s" (NVIDIA's A100 datasheet; the 80GB SXM's is
-2,039 GB/s, `hardware.A100_80GB_SXM`). Its fp32 peak is the 80GB's, 19.5 TFLOP/s."""
 
 
 def ops_per_element(flop_per_s: float, bytes_per_s: float, moved_bytes: float) -> float:

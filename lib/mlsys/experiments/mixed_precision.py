@@ -44,7 +44,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from mlsys import checks
+from mlsys import checks, dtypes
 from mlsys.book import Table
 from mlsys.models.config import TransformerConfig
 from mlsys.models.transformer import Transformer
@@ -423,8 +423,7 @@ def first_overflow_rms(d: int, fmt: str = "fp16") -> dict[str, float]:
     mean square of a row of d entries all equal to r (rms r) comes out inf, found by bisection
     over the format's positive finite values with torch's own ops on this device."""
     checks.positive_int(d, "d")
-    dt = {"fp16": torch.float16, "bf16": torch.bfloat16}[checks.choice(fmt, "fmt",
-                                                                      ("fp16", "bf16"))]
+    dt = dtypes.torch_dtype(checks.choice(fmt, "fmt", ("fp16", "bf16")))
     codes = torch.arange(1, 0x7F80 if fmt == "bf16" else 0x7C00, dtype=torch.int16)
     values = codes.view(dt)  # every positive finite value, in increasing order
     out = {}

@@ -238,19 +238,13 @@ def third_party_verdict(accelerator: hardware.Accelerator, batch: int = 4) -> st
             f"{min(ratios):.2f} to {max(ratios):.2f}")
 
 
-AMPERE_MEMORY_BYTES = {"A100 80GB": 80e9, "A100 40GB": 40e9, "A40": 48e9, "RTX A6000": 48e9,
-                       "A30": 24e9, "A10": 24e9, "RTX 3090": 24e9}
-"""NVIDIA's Ampere-generation GPUs (compute capability 8.x, the `ampere_sgemm` kernels) with more
-than 16 GB, and their memory, from NVIDIA's product pages."""
-
-
 def seed_gpu() -> tuple[str, str]:
     """(name, reasoning) of the seed's GPU: Ampere by its kernel names, and holding its largest
     measured peak, which only one Ampere GPU does."""
     peak = max(r.measured_training_gb for r in third_party.CS336_STUDENT_MEMORY
                if r.measured_training_gb) * 1e9
     states = memory.model_state_bytes(count_params(TransformerConfig.preset("2.7B")), "fp32_adamw")
-    fits = [name for name, size in AMPERE_MEMORY_BYTES.items() if size > peak]
+    fits = [name for name, size in hardware.AMPERE_MEMORY_BYTES.items() if size > peak]
     if len(fits) != 1:
         raise AssertionError(f"the seed's peak of {peak / 1e9:.0f} GB fits {fits}: no single GPU")
     return fits[0], (f"the seed names no GPU: its kernels (`ampere_sgemm_*`) say Ampere, and its "
