@@ -560,6 +560,9 @@ parallel_step.planner_table(par_rows)
 # the smaller matrices each rank multiplies, which reach a lower FLOP/s than the calibration's whole
 # batch. A record of `python -m mlsys.experiments parallel_step` carries the same check for its own
 # machine (below).
+# The planner's second time model, which prices each GEMM by its shape, each collective with its
+# latency and the interleaved pipeline, is checked against runs others measured on thousands of GPUs
+# in {ref}`sec-planner-published`.
 #
 # ### Recorded GPU results
 #

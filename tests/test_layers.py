@@ -202,6 +202,8 @@ TESTS = Path(__file__).resolve().parent
 NOT_A_MODULE = {
     "test_layers.py": "the floor plan of the whole library",
     "book/test_browser.py": "the built book, opened in a browser",
+    "test_examples.py": "the files under examples/ (Hugging Face configs, clusters), planned from "
+                        "the command line",
 }
 """Test files that name no module, and what they test instead."""
 

@@ -4,8 +4,8 @@ import matplotlib.pyplot as plt
 import pytest
 from matplotlib.text import Text
 
-from mlsys import hardware, plotting, tables
-from mlsys.accounting import memory, parallel, planner
+from mlsys import hardware, plotting, tables, third_party
+from mlsys.accounting import calibration, memory, parallel, planner
 from mlsys.accounting.op_costs import op_costs
 from mlsys.models.config import TransformerConfig
 
@@ -177,3 +177,36 @@ def test_table_and_figures(plans):
                                     link_bytes_per_s=hardware.LINKS["ici-v5p-axis"].bytes_per_s,
                                     m_x=2, fixed_xy=(16, 4))
     assert len(ax.lines) == 5  # FSDP, TP, optimal mix, X = 16 x Y = 4, and the line at 1
+
+
+# --- a step broken down --------------------------------------------------------------------------
+
+
+def test_step_breakdown_stacks_each_part_of_each_step():
+    steps = {row.params_b: calibration.predict(row) for row in third_party.MEGATRON_TABLE1[-2:]}
+    labels = [f"{k:g}B" for k in steps]
+    ax = plotting.step_breakdown(dict(zip(labels, steps.values(), strict=True)))
+    try:
+        parts = [tables.step_parts(b) for b in steps.values()]
+        drawn = [k for k in tables.STEP_PARTS if any(p[k] > 0 for p in parts)]
+        assert "ep" not in drawn and {"compute", "recompute", "bubble", "tp"} <= set(drawn)
+        assert [t.get_text() for t in ax.get_legend().get_texts()] == [
+            tables.STEP_PARTS[k] for k in drawn]
+        assert len(ax.patches) == len(drawn) * len(steps)  # one segment per part and step
+        tops = {}
+        for bar in ax.patches:
+            x = round(bar.get_x() + bar.get_width() / 2)
+            tops[x] = max(tops.get(x, 0.0), bar.get_y() + bar.get_height())
+        assert list(tops.values()) == pytest.approx([100.0, 100.0])  # shares add up
+        assert [t.get_text() for t in ax.get_xticklabels()] == labels
+    finally:
+        plt.close(ax.figure)
+    ax = plotting.step_breakdown({"one": steps[1008.0]}, share=False)
+    try:
+        assert sum(bar.get_height() for bar in ax.patches) == pytest.approx(
+            steps[1008.0].step_s)
+        assert ax.get_ylabel() == "seconds per step"
+    finally:
+        plt.close(ax.figure)
+    with pytest.raises(ValueError, match="at least one"):
+        plotting.step_breakdown({})

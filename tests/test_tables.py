@@ -3,16 +3,20 @@ time sits against its roofline, the ridge table, the napkin's lines, and the pag
 cost models (chapters 02, 04, 06). (`plan_table` is also checked against `python -m mlsys plan` in
 tests/test_main.py.)"""
 
+from dataclasses import replace
+
 import pytest
 
 from mlsys import hardware, roofline, tables
-from mlsys.accounting import attention_traffic, flops, memory, parallel, planner
+from mlsys.accounting import attention_traffic, calibration, flops, memory, parallel, planner
 from mlsys.accounting import bytes as bytes_moved
 from mlsys.accounting.napkin import napkin
 from mlsys.accounting.op_costs import op_costs
+from mlsys.accounting.step_model import StepBreakdown
 from mlsys.book import num
 from mlsys.models.config import TransformerConfig
 from mlsys.roofline import Ceilings
+from mlsys.third_party import MEGATRON_TABLE1
 
 # --- the planner ---------------------------------------------------------------------------------
 
@@ -192,3 +196,51 @@ def test_attention_block_table_crosses_at_twice_d_model():
     naive = attention_traffic.naive_attention_forward_traffic(1, cfg.n_heads, 4096, 4096,
                                                               cfg.d_head, "bf16", causal=True)
     assert rows[2][3] == num(naive.total_bytes / 1e6)
+
+
+# --- a step broken down -----------------------------------------------------------------------
+
+
+def _step(**exposed):
+    return StepBreakdown(compute_s=2.0, recompute_s=0.5, bubble_s=0.25, optimizer_s=0.05,
+                         exposed_s={"tp": 0.2, "dp": 0.0, **exposed})
+
+
+def test_step_parts_add_up_to_the_step_of_either_time_model():
+    b = calibration.predict(MEGATRON_TABLE1[-1])  # full recomputation, TP, PP, DP
+    parts = tables.step_parts(b)
+    assert list(parts) == list(tables.STEP_PARTS)
+    assert sum(parts.values()) == pytest.approx(b.step_s)
+    assert parts["recompute"] == b.recompute_s > 0 and parts["compute"] == pytest.approx(
+        b.compute_s - b.recompute_s)
+    assert parts["tp"] == b.exposed_s["tp"] and parts["optimizer"] == b.optimizer_s
+    cfg = TransformerConfig.preset("small")
+    for model in planner.MODELS:
+        p = planner.plan(cfg, "dgx-h100", n_devices=16, batch=64, seq=1024, model=model,
+                         recompute="selective")[0]
+        parts = tables.step_parts(p)
+        assert sum(parts.values()) == pytest.approx(p.step_s)
+        assert parts["recompute"] == p.recompute_s > 0
+    with pytest.raises(TypeError, match="StepBreakdown or a planner.Plan"):
+        tables.step_parts({"compute_s": 1.0})
+    with pytest.raises(ValueError, match="exposed_s has axes \\['ring'\\]"):
+        tables.step_parts(_step(ring=1.0))
+
+
+def test_step_breakdown_table_gives_each_parts_share_of_the_step():
+    header, rows = tables.step_breakdown_table({"a": _step(), "b": _step(tp=0.0)}, label="row")
+    assert len(header) == 8 and header[0] == "row" and [r[0] for r in rows] == ["a", "b"]
+    step = 2.0 + 0.25 + 0.05 + 0.2  # compute (recomputation within) + bubble + optimizer + TP
+    assert rows[0][1:] == [num(step), f"{1.5 / step:.1%}", f"{0.5 / step:.1%}",
+                           f"{0.25 / step:.1%}", f"{0.2 / step:.1%}", f"TP {0.2 / step:.1%}",
+                           f"{0.05 / step:.1%}"]
+    assert rows[1][5:7] == ["0.0%", "none"]
+    with pytest.raises(ValueError, match="at least one"):
+        tables.step_breakdown_table({})
+
+
+def test_step_difference_names_the_part_that_differs_most():
+    slow_tp = _step(tp=1.0)  # TP differs by 0.8 s, the bubble by 0.25 s
+    flat = replace(_step(), bubble_s=0.0)
+    assert tables.step_difference_text(slow_tp, flat) == "exposed TP, 1 s against 0.2 s"
+    assert tables.step_difference_text(_step(), flat).startswith("bubble, 0.25 s")

@@ -25,9 +25,10 @@ The planner's across-node rule (`hardware.Cluster.ring_link`) sees one port per 
 of `devices_per_node` devices and `nics_per_node` NICs becomes one port per device of
 nic_bytes_per_s x nics_per_node / devices_per_node (the node's egress shared evenly), which is
 the NIC itself when there is one per device (DGX A100, DGX H100). `examples/clusters/` holds
-files that reproduce the named clusters, with their numbers. A missing field, a field of the wrong type, a number that
-is not positive, or a field the reader does not know: a ValueError naming the field and the file,
-before anything is built. Pure Python (json). Used by: `python -m mlsys plan`.
+files that reproduce the named clusters, with their numbers. A missing field, a field of the
+wrong type, a number that is not positive, or a field the reader does not know: a ValueError
+naming the field and the file, before anything is built. Pure Python (json). Used by:
+`python -m mlsys plan`.
 """
 
 from __future__ import annotations

@@ -11,7 +11,9 @@ The cost models' figures draw what `mlsys.accounting` computes and compute nothi
 model states against model size (`plot_model_states`, chapter 02), operations under a spec's
 roofline (`plot_op_roofline`, chapter 04), DDP's bucket sweeps (`plot_bucket_sweeps`, chapter 08),
 the planner's meshes (`plot_plans`), the compute-bound curves (`plot_compute_bound`) and the
-decision map (`plot_first_choices`, chapter 09).
+decision map (`plot_first_choices`, chapter 09), and a step of the calibrated step model broken
+down (`step_breakdown`, the page on published runs). A little over 300 lines: the house style and
+the figures that use it, one module.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from mlsys.accounting.buckets import BucketPoint
 from mlsys.accounting.op_costs import OpCost
 from mlsys.hardware import Accelerator
 from mlsys.roofline import Ceilings
-from mlsys.tables import plan_text
+from mlsys.tables import STEP_PARTS, plan_text, step_parts
 
 COLORS = {
     "measured": "#0072B2",  # blue
@@ -297,4 +299,36 @@ def plot_first_choices(choices: dict[tuple[int, int], planner.Plan | None], ax=N
     ax.set_ylabel("sequence length (tokens)")
     ax.legend(handles=[Patch(color=c, label=n) for n, c in zip(names, colors, strict=True)],
               fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    return ax
+
+
+STEP_PART_STYLES = {"compute": ("#0072B2", ""), "recompute": ("#56B4E9", ""),
+                    "bubble": (COLORS["muted"], ""), "tp": ("#D55E00", ""),
+                    "cp": ("#CC79A7", ""), "ep": ("#F0E442", ""), "pp": ("#E69F00", ""),
+                    "dp": ("#009E73", ""), "fsdp": ("#009E73", "//"), "optimizer": ("#000000", "")}
+"""(colour, hatch) of each part of a step (`tables.STEP_PARTS`): compute in blues, the bubble
+grey, each axis' exposed communication its own colour (FSDP hatched beside DP)."""
+
+
+def step_breakdown(steps: dict[str, Any], ax=None, *, share: bool = True):
+    """One stacked bar per step of `steps` (its label: a `step_model.StepBreakdown` or a
+    `planner.Plan`), one segment per part of `tables.step_parts` that is above zero in some step:
+    the share of the step in percent (`share`), or seconds. Returns the axes."""
+    if not steps:
+        raise ValueError("steps must hold at least one breakdown")
+    parts = {name: step_parts(b) for name, b in steps.items()}
+    if ax is None:
+        _, ax = subplots()
+    labels = list(parts)
+    bottoms = [0.0] * len(labels)
+    for key, name in STEP_PARTS.items():
+        values = [p[key] / (sum(p.values()) / 100 if share else 1.0) for p in parts.values()]
+        if not any(v > 0 for v in values):
+            continue
+        color, hatch = STEP_PART_STYLES[key]
+        ax.bar(labels, values, bottom=bottoms, label=name, color=color, hatch=hatch,
+               edgecolor="white" if hatch else None, linewidth=0)
+        bottoms = [b + v for b, v in zip(bottoms, values, strict=True)]
+    finish(ax, ylabel="share of the step (%)" if share else "seconds per step")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return ax

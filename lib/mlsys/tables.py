@@ -11,11 +11,12 @@ tables of the cost models are here too, each a (header, rows) pair: the largest 
 recipe (`max_params_table`, chapter 02), operations' intensities (`op_intensity_table`), two
 claims against the byte counts (`byte_claims_table`) and the bytes attention moves
 (`attention_traffic_table`, chapter 04), attention's block by length (`attention_block_table`,
-chapter 06); `ridge_path` and `ridge_gap_text` put ridge points into words. Nothing is computed
-here that a cost model does not return. A little over 300 lines: the one place where numbers
-become words.
-Used in: chapters 02, 04, 06 and 09, the one-pagers, `python -m mlsys`, `mlsys.train`, the
-experiments.
+chapter 06); `ridge_path` and `ridge_gap_text` put ridge points into words. A step of the
+calibrated step model broken down: `step_parts` (seconds by part), `step_breakdown_table` (their
+shares) and `step_difference_text` (the part two steps differ in most). Nothing is computed here
+that a cost model does not return. Over 300 lines: the one place where numbers become words.
+Used in: chapters 02, 04, 06 and 09, the one-pagers, the page on published runs,
+`python -m mlsys`, `mlsys.train`, the experiments.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from mlsys.accounting.napkin import Napkin
 from mlsys.accounting.op_costs import OpCost
 from mlsys.accounting.parallel import ParallelDims
 from mlsys.accounting.planner import FAMILY_AXES, Plan, crossing_axes, family
+from mlsys.accounting.step_model import StepBreakdown
 from mlsys.book import num
 from mlsys.hardware import Accelerator, Cluster
 from mlsys.roofline import Ceilings, Estimate
@@ -57,11 +59,12 @@ def plan_table(plans: list[Plan], *, top: int = 10) -> list[str]:
             for row in rows]
 
 
-def mesh_text(dims: ParallelDims, *, zero1: bool = False) -> str:
+def mesh_text(dims: ParallelDims, *, zero1: bool = False, zero: int = 1) -> str:
     """The degrees above 1, short, in `planner.FAMILY_AXES` order: "fsdp 4 tp 2"; with `zero1`,
-    the copies' axis says that they shard their optimizer: "dp 8 (ZeRO-1) pp 8"."""
+    the copies' axis says that they shard their optimizer (ZeRO stage `zero`, 1 or 2):
+    "dp 8 (ZeRO-1) pp 8"."""
     return " ".join(f"{name} {getattr(dims, axis)}"
-                    + (" (ZeRO-1)" if zero1 and axis == "dp_replicate" else "")
+                    + (f" (ZeRO-{zero})" if zero1 and axis == "dp_replicate" else "")
                     for axis, name in FAMILY_AXES.items()
                     if getattr(dims, axis) > 1) or "one device"
 
@@ -88,7 +91,7 @@ def family_text(p: Plan) -> str:
     the copies shard their optimizer); unnamed combinations by their axes."""
     name = family(p.dims)
     words = FAMILY_WORDS.get(name, " + ".join(FAMILY_WORDS.get(a, a) for a in name.split("+")))
-    return words + (" with ZeRO-1" if p.zero1 else "")
+    return words + (f" with ZeRO-{p.zero}" if p.zero1 else "")
 
 
 def placement_text(p: Plan, cluster: Cluster) -> str:
@@ -99,7 +102,7 @@ def placement_text(p: Plan, cluster: Cluster) -> str:
     used = [a for a in FAMILY_AXES if getattr(p.dims, a) > 1]
 
     def names(axes) -> str:
-        words = [FAMILY_AXES[a] + (" (ZeRO-1)" if a == "dp_replicate" and p.zero1 else "")
+        words = [FAMILY_AXES[a] + (f" (ZeRO-{p.zero})" if a == "dp_replicate" and p.zero1 else "")
                  for a in axes]
         return " and ".join([", ".join(words[:-1]), words[-1]] if len(words) > 1 else words)
 
@@ -110,9 +113,9 @@ def placement_text(p: Plan, cluster: Cluster) -> str:
 
 
 def plan_text(p: Plan) -> str:
-    """A plan's mesh as `mesh_text` names it, ZeRO-1 marked where its copies shard the
-    optimizer."""
-    return mesh_text(p.dims, zero1=p.zero1)
+    """A plan's mesh as `mesh_text` names it, the ZeRO stage marked where its copies shard the
+    optimizer (and, at stage 2, the gradients)."""
+    return mesh_text(p.dims, zero1=p.zero1, zero=p.zero)
 
 
 # --- one model on the napkin -------------------------------------------------------------------
@@ -316,3 +319,65 @@ def attention_block_table(cfg, seqs: Iterable[int], *, tile: int, dtype: str = "
                      num(naive.total_bytes / 1e6), num(tiled.total_bytes / 1e6),
                      f"{naive.total_bytes / tiled.total_bytes:.0f}"])
     return header, rows
+
+
+# --- a step broken down (the calibrated step model) ----------------------------------------------
+
+STEP_PARTS = {"compute": "compute", "recompute": "recomputation", "bubble": "bubble",
+              "tp": "exposed TP", "cp": "exposed CP", "ep": "exposed EP", "pp": "exposed PP",
+              "dp": "exposed DP", "fsdp": "exposed FSDP", "optimizer": "optimizer"}
+"""The parts of a step (`step_parts`), in their order, and their names on the pages."""
+
+
+def step_parts(b: StepBreakdown | Plan) -> dict[str, float]:
+    """Where one step of the busiest device goes, in seconds, keyed as `STEP_PARTS`: compute
+    without the recomputation, the recomputation, the pipeline bubble, each axis' communication
+    left exposed after overlap, the optimizer step. The parts add up to the step time. `b`: a
+    `step_model.StepBreakdown` or a `planner.Plan` (either time model)."""
+    if isinstance(b, StepBreakdown):
+        optimizer = b.optimizer_s
+    elif isinstance(b, Plan):
+        unknown = sorted(set(b.other_s) - {"optimizer"})
+        if unknown:
+            raise ValueError(f"plan's other_s has parts {unknown} that STEP_PARTS does not name")
+        optimizer = b.other_s.get("optimizer", 0.0)
+    else:
+        raise TypeError(f"b must be a step_model.StepBreakdown or a planner.Plan, got "
+                        f"{type(b).__name__}")
+    unknown = sorted(set(b.exposed_s) - set(STEP_PARTS))
+    if unknown:
+        raise ValueError(f"exposed_s has axes {unknown} that STEP_PARTS does not name")
+    axes = {k: b.exposed_s.get(k, 0.0) for k in STEP_PARTS if k in ("tp", "cp", "ep", "pp", "dp",
+                                                                    "fsdp")}
+    return {"compute": b.compute_s - b.recompute_s, "recompute": b.recompute_s,
+            "bubble": b.bubble_s, **axes, "optimizer": optimizer}
+
+
+def step_breakdown_table(steps: dict[str, StepBreakdown | Plan], *, label: str = "run") -> Columns:
+    """One row per step of `steps` (its label: its breakdown): the step time (s) and each part's
+    share of it (`step_parts`): compute, recomputation, bubble, all exposed communication, the
+    axis that exposes the most (with its share; "none" when nothing is exposed), the optimizer."""
+    if not steps:
+        raise ValueError("steps must hold at least one breakdown")
+    axes = ("tp", "cp", "ep", "pp", "dp", "fsdp")
+    rows = []
+    for name, b in steps.items():
+        parts = step_parts(b)
+        step = sum(parts.values())
+        worst = max(axes, key=parts.get)
+        most = (f"{STEP_PARTS[worst].removeprefix('exposed ')} {parts[worst] / step:.1%}"
+                if parts[worst] > 0 else "none")
+        rows.append([name, num(step), *(f"{parts[k] / step:.1%}" for k in ("compute", "recompute",
+                                                                             "bubble")),
+                     f"{sum(parts[a] for a in axes) / step:.1%}", most,
+                     f"{parts['optimizer'] / step:.1%}"])
+    return ([label, "step (s)", "compute", "recompute", "bubble", "exposed comms", "most exposed",
+             "optimizer"], rows)
+
+
+def step_difference_text(a: StepBreakdown | Plan, b: StepBreakdown | Plan) -> str:
+    """The part of the step (`step_parts`) whose time differs most between `a` and `b`, with both
+    times: "exposed TP, 1.23 s against 0.105 s"."""
+    pa, pb = step_parts(a), step_parts(b)
+    part = max(STEP_PARTS, key=lambda k: abs(pa[k] - pb[k]))
+    return f"{STEP_PARTS[part]}, {num(pa[part])} s against {num(pb[part])} s"

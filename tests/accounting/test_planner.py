@@ -289,3 +289,11 @@ def test_the_calibrated_model_needs_a_transformer():
     with pytest.raises(ValueError, match="calibrated"):
         planner.plan(parallel.XXL, "tpu-v5p", n_devices=64, batch=64, seq=1024,
                      model="calibrated", fixed={"tp": 4})
+
+
+def test_every_axis_held_gives_that_one_mesh():
+    """All five degrees given: the search has nothing left to choose (it once recursed forever)."""
+    cfg = TransformerConfig.preset("2.7B")
+    held = dict(dp_replicate=2, dp_shard=2, tp=2, pp=2, cp=1)
+    plans = planner.plan(cfg, "dgx-h100", n_devices=16, batch=64, seq=1024, fixed=held)
+    assert [{a: getattr(p.dims, a) for a in held} for p in plans] == [held]

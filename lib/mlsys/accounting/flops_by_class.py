@@ -36,7 +36,8 @@ def class_flops(cfg, batch: int, seq: int, *, training: bool = False,
     lf, n = mf.layer, mf.n_layers
     out = dict.fromkeys(CLASSES, 0)
     out["matmul"] = n * (lf.q_proj + lf.k_proj + lf.v_proj + lf.o_proj + lf.ffn_flops) + mf.lm_head
-    out["elementwise"] = n * (lf.rope + lf.swiglu_gate + lf.residual)
+    out["elementwise"] = (n * (lf.rope + lf.swiglu_gate + lf.residual + lf.mlp_activation
+                              + lf.biases + lf.routing) + mf.positions)
     out["normalization"] = n * lf.norms + mf.final_norm
     out["softmax"] = flops.softmax_flops(batch * seq, cfg.vocab_size)  # the loss
     core = {"matmul": lf.attention_scores + lf.attention_values,

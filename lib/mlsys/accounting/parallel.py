@@ -271,6 +271,7 @@ def model_shape(cfg, *, seq: int = 2, dtype: str = "bf16") -> ModelShape:
         act_core_bytes=core, act_input_bytes=d * b, block_matmul_params=tp_params + experts)
 
 
+@functools.lru_cache(maxsize=4096)  # the planner asks for the same split per stage and mesh
 def stage_layers(n_layers: int, n_stages: int) -> tuple[tuple[int, int], ...]:
     """[lo, hi) blocks of each pipeline stage: consecutive, the first stages one longer when
     n_stages does not divide n_layers."""

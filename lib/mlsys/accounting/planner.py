@@ -300,7 +300,12 @@ def _memory(cfg, dims, *, micro, seq, m, recipe, dtype, sp, recompute, v, zero, 
 
 
 def _factorizations(n: int, k: int):
-    """Every ordered k-tuple of positive integers whose product is n."""
+    """Every ordered k-tuple of positive integers whose product is n (k = 0: the empty tuple,
+    when n is 1: every axis is held)."""
+    if k == 0:
+        if n == 1:
+            yield ()
+        return
     if k == 1:
         yield (n,)
         return

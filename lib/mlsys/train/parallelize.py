@@ -97,8 +97,9 @@ def apply_tp(stage: Stage, tp_mesh: Any, *, sequence_parallel: bool) -> None:
     plan: dict[str, Any] = {**{f"attn.{p}": ColwiseParallel() for p in ("q_proj", "k_proj",
                                                                          "v_proj")},
                             "attn.o_proj": RowwiseParallel(**out),
-                            "ffn.w1": ColwiseParallel(), "ffn.w3": ColwiseParallel(),
-                            "ffn.w2": RowwiseParallel(**out)}
+                            "ffn.w1": ColwiseParallel(), "ffn.w2": RowwiseParallel(**out)}
+    if hasattr(next(iter(stage.blocks.values())).ffn, "w3"):  # SwiGLU's gate; GeLU has none
+        plan["ffn.w3"] = ColwiseParallel()
     if sequence_parallel:
         gather = {"input_layouts": (Shard(1), None, None),
                   "desired_input_layouts": (Replicate(), None, None)}
