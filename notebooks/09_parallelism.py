@@ -57,7 +57,7 @@ from mlsys.accounting.params import count_params
 from mlsys.book import Table, glue
 from mlsys.diagrams import parallel as diagrams
 from mlsys.distributed import check, cp
-from mlsys.experiments import parallel_step
+from mlsys.experiments import pages, parallel_step
 from mlsys.models.config import TransformerConfig
 
 # %% tags=["parameters"]
@@ -386,8 +386,7 @@ plt.show()
 # %%
 checks_rows = check.against_one_process({k: (v, False) for k, v in TWO_RANKS.items()}, 2)
 checks_rows += check.against_one_process({"FSDP 2 x TP 2": (dict(dp_shard=2, tp=2), False),
-                                          "FSDP 2 x TP 2 + SP": (dict(dp_shard=2, tp=2), True)},
-                                         4)
+    "FSDP 2 x TP 2 + SP": (dict(dp_shard=2, tp=2), True)}, 4)
 checks_rows += check.against_one_process({"PP 2 x CP 2 x TP 2": (dict(pp=2, cp=2, tp=2),
                                                                   False)}, 8)
 worst = max(max(r["grad_diff"], r["param_diff"]) for r in checks_rows)
@@ -571,6 +570,16 @@ parallel_step.planner_table(par_rows)
 
 # %% tags=["remove-input"]
 experiments.show_recorded("parallel_step")
+
+# %% [markdown]
+# The calibrated step model of {ref}`sec-planner-published` starts from each GEMM's time by its
+# shape: tiles in waves on the SMs, at a share of the peak fitted on Megatron-LM's published runs.
+# One GPU checks that first piece directly: the forward GEMMs of Llama 3 8B and of Megatron's 1.7B
+# GPT at TP 1 and 8, and a sweep of $M$ across the model's wave boundaries, where TFLOP/s should
+# fall in a saw-tooth:
+
+# %% tags=["remove-input"]
+experiments.show_recorded("gemm_shapes", show=pages.show_gemm_shapes)
 
 # %% [markdown]
 # ```{admonition} Takeaway

@@ -176,6 +176,36 @@ class _Shape:
     sp: bool
 
 
+def _block_shape(cfg, *, tp: int, cp: int, micro_batch: int, seq: int, sp: bool) -> _Shape:
+    """One block's sizes on one of `tp` x `cp` ranks for one micro-batch."""
+    h, a = cfg.d_model, cfg.n_heads
+    kv = getattr(cfg, "kv_heads", a)
+    up = (2 if getattr(cfg, "mlp", "swiglu") == "swiglu" else 1) * cfg.d_ff // tp
+    return _Shape(micro_batch * seq // cp, micro_batch, seq // cp, seq, h, tp, a // tp,
+                  kv // tp if kv % tp == 0 else 1, h // a, up, cfg.d_ff // tp, sp)
+
+
+def _head_gemm(cfg, tokens: int, tp: int, e: float) -> Gemm:
+    """The output head's forward GEMM on one TP rank (its vocabulary shard, rounded up)."""
+    return Gemm("lm_head", tokens, -(-cfg.vocab_size // tp), cfg.d_model, 1, e, e)
+
+
+def forward_gemms(cfg, *, micro_batch: int, seq: int, tp: int = 1, cp: int = 1,
+                  dtype: str = "bf16", ep: int = 1) -> list[Gemm]:
+    """The forward GEMMs `step_time` prices for one block on one rank and one micro-batch, then
+    the output head's: M = micro_batch x seq / cp tokens, N and K the rank's shard (attention's
+    score GEMMs aside). What `experiments.gemm_shapes` measures on a GPU."""
+    checks.positive_ints(micro_batch=micro_batch, seq=seq, tp=tp, cp=cp, ep=ep)
+    for name, size in (("n_heads", cfg.n_heads), ("d_ff", cfg.d_ff)):
+        if size % tp:
+            raise ValueError(f"{name} ({size}) is not divisible by tp ({tp})")
+    if seq % cp:
+        raise ValueError(f"seq ({seq}) is not divisible by cp ({cp})")
+    e = float(bytes_per_element(dtype))
+    shape = _block_shape(cfg, tp=tp, cp=cp, micro_batch=micro_batch, seq=seq, sp=False)
+    return [*_layer_gemms(cfg, shape, e, ep), _head_gemm(cfg, shape.tokens, tp, e)]
+
+
 def _layer_gemms(cfg, s: _Shape, lin_bytes: float, ep: int = 1) -> list[Gemm]:
     """The linear layers' forward GEMMs of one block (dense MLP or experts) on one device."""
     T, h, dh = s.tokens, s.h, s.d_head
@@ -332,14 +362,10 @@ def step_time(cfg, cluster: hardware.Cluster, dims: ParallelDims, *, batch: int,
     lin_peak = acc.peak_flop_per_s(dtype)
     lin_e = 1.0 if dtype == "fp8" else e
     h, a, L = cfg.d_model, cfg.n_heads, cfg.n_layers
-    kv_total = getattr(cfg, "kv_heads", a)
     dh = h // a
     sp = sequence_parallel and tp > 1
     T = micro_batch * seq // dims.cp
-    gated = getattr(cfg, "mlp", "swiglu") == "swiglu"
-    shape = _Shape(T, micro_batch, seq // dims.cp, seq, h, tp, a // tp,
-                   kv_total // tp if kv_total % tp == 0 else 1, dh,
-                   (2 if gated else 1) * cfg.d_ff // tp, cfg.d_ff // tp, sp)
+    shape = _block_shape(cfg, tp=tp, cp=dims.cp, micro_batch=micro_batch, seq=seq, sp=sp)
     hbm = acc.hbm_bytes_per_s * c.hbm_fraction
 
     # --- one block, one micro-batch: forward and backward compute ---
@@ -403,7 +429,7 @@ def step_time(cfg, cluster: hardware.Cluster, dims: ParallelDims, *, batch: int,
 
     # --- the busiest stage ---
     per_stage = -(-L // (p * v)) * v  # the busiest stage's blocks: v chunks, rounded up
-    head = Gemm("lm_head", T, -(-cfg.vocab_size // tp), h, 1, e, e)
+    head = _head_gemm(cfg, T, tp, e)
     head_t = gemm_time_s(head, acc, peak, c) + sum(gemm_time_s(g, acc, peak, c)
                                                    for g in _backward(head))
     logits = T * head.n

@@ -53,6 +53,7 @@ NAMES = (
     "allreduce_bench",
     "ddp_step",
     "parallel_step",
+    "gemm_shapes",
     "cluster_train",
 )
 """Every experiment, in chapter order (each is the module `mlsys.experiments.<name>`)."""

@@ -4,7 +4,7 @@ takes as `show=`, one per experiment that has more to show.
 Each takes a record (`{"provenance": ..., "results": rows}`), draws its figure (`kit.draw`, shown
 at once) and returns what the page prints or displays after it: a sentence, a table, or a list of
 them. They read the record through the experiment's own functions, so a recorded GPU run and the
-page's live run say the same things. Used in: chapters 01 to 06.
+page's live run say the same things. Used in: chapters 01 to 06 and 09.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from mlsys import hardware
 from mlsys.experiments import (
     dot_accumulation,
     flash_benchmark,
+    gemm_shapes,
     kit,
     roofline_ops,
     train_step,
@@ -61,3 +62,11 @@ def show_flash_benchmark(record: dict[str, Any]) -> str:
     kit.draw(flash_benchmark.plot, rows, width=8.0, height=4.0,
              **{k: target[k] for k in ("dtype", "causal", "d_head")})
     return f"targets: {flash_benchmark.targets(rows, _accelerator(record))}"
+
+
+def show_gemm_shapes(record: dict[str, Any]) -> str:
+    """Its wave sweep (measured and predicted TFLOP/s against M), and its verdict."""
+    rows = record["results"]
+    kit.draw(gemm_shapes.plot, rows, width=8.0, height=4.0)
+    words = gemm_shapes.model_verdict(rows)
+    return words[0].upper() + words[1:] + "."
