@@ -148,11 +148,11 @@ def _model_arguments(p: argparse.ArgumentParser) -> None:
     group = p.add_mutually_exclusive_group(required=True)
     group.add_argument("--preset", choices=list(PRESETS), help="one of the book's model sizes")
     group.add_argument("--model", type=_checked(_named), metavar="NAME",
-                       help="a named configuration (Llama 3, GPT-3, Megatron-LM's GPTs: "
-                       "mlsys.models.catalog)")
+                       help="a named configuration (Llama 3, GPT-3, Mixtral, Megatron-LM's "
+                       "GPTs: mlsys.models.catalog)")
     group.add_argument("--config", type=_checked(_hf_config), metavar="PATH",
                        help="a Hugging Face config.json (Llama, Mistral, Qwen2, Mixtral, GPT-2, "
-                       "OPT, BLOOM keys)")
+                       "OPT; others are refused naming what is not understood)")
 
 
 def _chosen_model(args: argparse.Namespace) -> tuple[str, TransformerConfig]:

@@ -9,8 +9,9 @@ import pytest
 
 from mlsys import hardware, tables
 from mlsys.accounting import flops, memory, params, utilization
-from mlsys.accounting.napkin import napkin
+from mlsys.accounting.napkin import kernel_costs, napkin
 from mlsys.models.config import TransformerConfig
+from mlsys.roofline import Ceilings
 
 # xl (CS336 table): V = 10,000, D = 1,600, F = 6,400, L = 48, H = 25 (d_head 64), context 1,024
 V, D, F, L, H, DH = 10_000, 1_600, 6_400, 48, 25, 64
@@ -159,3 +160,20 @@ def test_summary_is_frozen_and_torch_free(xl):
         xl.step_s = 0.0
     code = "import sys, mlsys.accounting.napkin, mlsys.__main__; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_kernel_rows_follow_the_architecture():
+    """A GPT's rows say LayerNorm and GeLU; a mixture of experts runs each token's top-k rows
+    through an expert's width and reads every expert's weights (bf16, by hand)."""
+    roof = Ceilings(1e15, 3e12, "test")
+    gpt = TransformerConfig(mlp="gelu", norm="layernorm", positions="learned", bias=True)
+    names = [k.name for k in kernel_costs(gpt, 2, 16, roof)]
+    assert "GeLU MLP up-projection w1" in names and "LayerNorm" in names
+    assert "RMSNorm" not in names and not any("SwiGLU" in n for n in names)
+    moe = TransformerConfig(n_experts=4, experts_per_token=2, d_ff_expert=96)
+    up = next(k for k in kernel_costs(moe, 2, 16, roof) if "experts" in k.name)
+    tok, d, f = 2 * 16, moe.d_model, 96
+    assert up.name == "SwiGLU up-projection w1 (top-2 of 4 experts)"
+    assert up.flops == 2 * (tok * 2) * d * f
+    assert up.read_bytes == ((tok * 2) * d + 4 * d * f) * 2
+    assert up.write_bytes == (tok * 2) * f * 2

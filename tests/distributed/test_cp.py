@@ -12,6 +12,8 @@ from parallel_cases import SETUP, assert_matches, errors, reference
 from mlsys.accounting import parallel, parallel_traffic
 from mlsys.accounting.comms import collective_cost
 from mlsys.distributed import comms, cp, harness
+from mlsys.models.config import TransformerConfig
+from mlsys.models.transformer import Transformer
 from mlsys.ops.attention import attention
 
 CFG, SEQ = SETUP.cfg, SETUP.seq
@@ -139,3 +141,10 @@ def test_bad_arguments_are_clear_errors(results):
         cp.positions(8, 2, 0, "striped")
     with pytest.raises(ValueError, match=r"tokens must be a \(batch, seq \+ 1\) tensor"):
         cp.shard_tokens(torch.zeros(3), 2, 0)
+
+
+def test_a_model_with_learned_positions_is_refused():
+    """The ring remaps RoPE's tables to each rank's positions; a learned table it cannot."""
+    gpt = Transformer(TransformerConfig(positions="learned", norm="layernorm", mlp="gelu"))
+    with pytest.raises(ValueError, match="positions='learned'"):
+        cp.apply_cp(gpt, None, seq=8)

@@ -26,6 +26,7 @@ from typing import Any
 from mlsys import checks, dtypes, hardware
 from mlsys.accounting import memory, params
 from mlsys.accounting.bytes import (
+    Traffic,
     batched_matmul_traffic,
     elementwise_traffic,
     intensity,
@@ -34,6 +35,7 @@ from mlsys.accounting.bytes import (
     softmax_traffic,
 )
 from mlsys.accounting.flops import (
+    layernorm_flops,
     linear_flops,
     matmul_flops,
     rmsnorm_flops,
@@ -187,6 +189,11 @@ def napkin(
     )
 
 
+MLP_UP_NAMES = {"swiglu": "SwiGLU up-projection w1", "gelu": "GeLU MLP up-projection w1",
+                "relu": "ReLU MLP up-projection w1"}
+"""The name of `kernel_costs`' feed-forward row, by the config's MLP kind."""
+
+
 def kernel_costs(
     cfg: Any, batch: int, seq: int, ceilings: Ceilings, dtype: str = "bf16"
 ) -> tuple[KernelCost, ...]:
@@ -194,16 +201,26 @@ def kernel_costs(
 
     Matmul traffic is the minimum (each operand read once, the output written once); the
     attention scores are naive attention's: all batch * heads * seq^2 of them written to HBM,
-    then read back by the softmax. Norm and elementwise FLOPs are the estimates of `flops`.
+    then read back by the softmax. Norm and elementwise FLOPs are the estimates of `flops`. The
+    feed-forward row is named by the config's MLP kind; a mixture of experts' runs the tokens'
+    top-k rows through the experts' width and reads every expert's weights.
     """
     checks.positive_ints(batch=batch, seq=seq)
     tok, d, f, v = batch * seq, cfg.d_model, cfg.d_ff, cfg.vocab_size
     bh, dh = batch * cfg.n_heads, cfg.d_head
+    up_name = MLP_UP_NAMES[getattr(cfg, "mlp", "swiglu")]
+    up_rows, up = tok, matmul_traffic(tok, f, d, dtype)
+    if getattr(cfg, "is_moe", False):
+        up_rows, f = tok * cfg.experts_per_token, cfg.expert_d_ff
+        up_name += f" (top-{cfg.experts_per_token} of {cfg.n_experts} experts)"
+        weights = (cfg.n_experts - 1) * d * f * dtypes.bytes_per_element(dtype)
+        up = matmul_traffic(up_rows, f, d, dtype)
+        up = Traffic(up.read_bytes + weights, up.write_bytes)
+    layernorm = getattr(cfg, "norm", "rmsnorm") == "layernorm"
     specs = (  # (name, shapes, FLOPs, Traffic)
         ("attention projection q", f"[{tok}, {d}] @ [{d}, {d}]",
          linear_flops(tok, d, d), matmul_traffic(tok, d, d, dtype)),
-        ("SwiGLU up-projection w1", f"[{tok}, {d}] @ [{d}, {f}]",
-         linear_flops(tok, d, f), matmul_traffic(tok, f, d, dtype)),
+        (up_name, f"[{up_rows}, {d}] @ [{d}, {f}]", linear_flops(up_rows, d, f), up),
         ("output head", f"[{tok}, {d}] @ [{d}, {v}]",
          linear_flops(tok, d, v), matmul_traffic(tok, v, d, dtype)),
         ("attention scores QK^T (naive)", f"{bh} x [{seq}, {dh}] @ [{dh}, {seq}]",
@@ -211,7 +228,9 @@ def kernel_costs(
          batched_matmul_traffic(bh, seq, seq, dh, dtype, shared_b=False)),
         ("softmax of the scores", f"[{bh * seq}, {seq}]",
          softmax_flops(bh * seq, seq), softmax_traffic(bh * seq, seq, dtype)),
-        ("RMSNorm", f"[{tok}, {d}]", rmsnorm_flops(tok, d), norm_traffic(tok, d, dtype)),
+        ("LayerNorm" if layernorm else "RMSNorm", f"[{tok}, {d}]",
+         (layernorm_flops if layernorm else rmsnorm_flops)(tok, d),
+         norm_traffic(tok, d, dtype, has_bias=layernorm)),
         ("residual add", f"[{tok}, {d}] + [{tok}, {d}]",
          tok * d, elementwise_traffic(tok * d, dtype, n_inputs=2)),
     )  # fmt: skip

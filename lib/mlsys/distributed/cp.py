@@ -183,7 +183,14 @@ class _ShardedRope(nn.Module):
 
 def apply_cp(module: nn.Module, group, *, seq: int, layout: str = "zigzag") -> nn.Module:
     """Run `module`'s attention as a ring over `group`, for sequences of `seq` tokens split by
-    `layout`; returns it. Feed each rank `shard_tokens(...)` (its positions only)."""
+    `layout`; returns it. Feed each rank `shard_tokens(...)` (its positions only). RoPE models
+    only: a learned position table is added inside the embedding, at positions 0.. of each
+    rank's shard, which this ring does not remap."""
+    kind = getattr(getattr(module, "config", None), "positions", "rope")
+    if kind != "rope":
+        raise ValueError(f"apply_cp needs a RoPE model (positions='rope'), got positions={kind!r}: "
+                         "a learned position table would give every rank's shard positions 0, "
+                         "1, ... instead of its own")
     check_blocks(module)
     check_group(group)
     n, r = dist.get_world_size(group), dist.get_rank(group)
